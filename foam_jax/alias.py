@@ -1,0 +1,193 @@
+"""Ready-made FOAM optimizers: ``foam``, ``foam_mini`` and the paper's schedule."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import optax
+
+from foam_jax import _validation
+from foam_jax import folding
+from foam_jax import specs as specs_lib
+from foam_jax import transform
+
+__all__ = ["foam", "foam_mini", "paper_schedule"]
+
+
+def foam(
+    learning_rate: optax.ScalarOrSchedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    *,
+    fold_level: int = 2,
+    alpha: float = 1.0,
+    residual_scale: float = 1.0,
+    fold_spec: specs_lib.FoldSpecLike = None,
+    mask: Any | Callable[[optax.Params], Any] | None = None,
+    second_moment: transform.SecondMoment = "mean_of_squares",
+    mu_dtype: Any | None = None,
+    nu_dtype: Any | None = None,
+) -> optax.GradientTransformationExtraArgs:
+  r"""FOAM: a drop-in replacement for ``optax.adamw`` with folded moments.
+
+  ``optax.chain(scale_by_foam(...), add_decayed_weights(weight_decay, mask),
+  scale_by_learning_rate(learning_rate))``, so each parameter ``W`` moves by
+
+  .. math::
+
+    W \leftarrow W - \eta_t \left(u_t + \lambda W\right)
+
+  with :math:`u_t` the FOAM direction of :func:`scale_by_foam` (Adam whose
+  moments are block means of ``2**fold_level`` entries along one axis, plus
+  the current gradient's residual). Matrices (``ndim >= 2``, except
+  embeddings and ``lm_head``) keep ``1/2**fold_level`` of Adam's state;
+  everything else keeps Adam's.
+
+  The defaults (``alpha=1``, Adam's betas) keep the step size of the
+  ``adamw`` being replaced. The paper's recipe for LLaMA pre-training is one
+  line::
+
+    foam_jax.foam(foam_jax.paper_schedule(1e-2, total_steps), b2=0.95,
+                  alpha=0.25)  # fold_level=2, eps=1e-8, no weight decay
+
+  Args:
+    learning_rate: a float or an Optax schedule (non-negative).
+    b1: first-moment decay, in ``[0, 1)``.
+    b2: second-moment decay, in ``[0, 1)``.
+    eps: denominator term, ``>= 0``.
+    weight_decay: decoupled weight decay ``lambda >= 0`` (AdamW's).
+    fold_level: blocks hold ``2**fold_level`` entries (``0`` is Adam). Pass
+      ``static_args=("fold_level",)`` to ``optax.inject_hyperparams``.
+    alpha: extra scale of the folded leaves' updates.
+    residual_scale: weight of the gradient residual (``0`` drops it).
+    fold_spec: which leaves to fold how; see :func:`scale_by_foam`.
+    mask: which leaves get weight decay (a pytree of bools or a callable),
+      as in ``optax.adamw``.
+    second_moment: ``"mean_of_squares"`` (authors' code) or
+      ``"square_of_mean"`` (paper's text).
+    mu_dtype: storage dtype of the first moments (default: the param's).
+    nu_dtype: storage dtype of the second moments (default: the param's).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, optax, foam_jax
+    >>> params = {"w": jnp.ones((16, 4)), "b": jnp.zeros((4,))}
+    >>> tx = optax.chain(optax.clip_by_global_norm(1.0), foam_jax.foam(1e-3))
+    >>> state = tx.init(params)
+    >>> loss = lambda p: jnp.sum((p["w"] @ jnp.ones(4) - 1.0) ** 2)
+    >>> grads = jax.grad(loss)(params)
+    >>> updates, state = tx.update(grads, state, params)
+    >>> params = optax.apply_updates(params, updates)
+
+  References:
+    Wen et al., `FOAM: Blocked State Folding for Memory-Efficient LLM
+    Training <https://arxiv.org/abs/2512.07112>`_, 2025.
+  """
+  _validation.check_number(
+      "learning_rate", learning_rate, low=0.0, allow_callable=True
+  )
+  _validation.check_number("weight_decay", weight_decay, low=0.0)
+  return optax.chain(
+      transform.scale_by_foam(
+          b1=b1,
+          b2=b2,
+          eps=eps,
+          fold_level=fold_level,
+          alpha=alpha,
+          residual_scale=residual_scale,
+          fold_spec=fold_spec,
+          second_moment=second_moment,
+          mu_dtype=mu_dtype,
+          nu_dtype=nu_dtype,
+      ),
+      optax.add_decayed_weights(weight_decay, mask),
+      optax.scale_by_learning_rate(learning_rate),
+  )
+
+
+def foam_mini(
+    learning_rate: optax.ScalarOrSchedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    *,
+    alpha: float = 1.0,
+    residual_scale: float = 1.0,
+    mask: Any | Callable[[optax.Params], Any] | None = None,
+    second_moment: transform.SecondMoment = "mean_of_squares",
+    mu_dtype: Any | None = None,
+    nu_dtype: Any | None = None,
+) -> optax.GradientTransformationExtraArgs:
+  r"""FOAM-Mini: every folded matrix keeps one moment per output feature.
+
+  The paper's smallest point: the whole fold axis is one block, so a Dense
+  kernel ``(in, out)`` keeps ``2 * out`` state values instead of Adam's
+  ``2 * in * out``; embeddings, ``lm_head`` and 1-D leaves keep Adam's.
+  Same arguments as :func:`foam` (with the fold level fixed).
+
+  Examples:
+    >>> import jax.numpy as jnp, foam_jax
+    >>> tx = foam_jax.foam_mini(1e-3)
+    >>> tx.init({"kernel": jnp.zeros((512, 64))})[0].mu["kernel"].shape
+    (1, 64)
+  """
+  return foam(
+      learning_rate,
+      b1=b1,
+      b2=b2,
+      eps=eps,
+      weight_decay=weight_decay,
+      fold_level=folding.WHOLE_AXIS_LEVEL,
+      alpha=alpha,
+      residual_scale=residual_scale,
+      mask=mask,
+      second_moment=second_moment,
+      mu_dtype=mu_dtype,
+      nu_dtype=nu_dtype,
+  )
+
+
+def paper_schedule(
+    peak_value: float,
+    total_steps: int,
+    warmup_fraction: float = 0.1,
+    final_fraction: float = 0.1,
+) -> optax.Schedule:
+  """The paper's learning-rate schedule: linear warmup, cosine to 0.1x peak.
+
+  ``optax.warmup_cosine_decay_schedule`` from 0 to ``peak_value`` over the
+  first ``warmup_fraction`` of ``total_steps``, then cosine decay to
+  ``final_fraction * peak_value`` at ``total_steps``.
+
+  Args:
+    peak_value: the peak learning rate (the paper's FOAM recipe: ``1e-2``).
+    total_steps: length of the run in optimizer steps.
+    warmup_fraction: fraction of steps spent warming up (paper: 10%).
+    final_fraction: final learning rate as a fraction of the peak (paper: 0.1).
+
+  Returns:
+    An Optax schedule.
+
+  Examples:
+    >>> sched = paper_schedule(1e-2, 1000)
+    >>> [round(float(sched(s)), 6) for s in (0, 100, 1000)]
+    [0.0, 0.01, 0.001]
+  """
+  _validation.check_number("peak_value", peak_value, low=0.0)
+  if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+    raise ValueError(f"total_steps must be a positive int, got {total_steps!r}.")
+  _validation.check_number("warmup_fraction", warmup_fraction, low=0.0, high=1.0)
+  _validation.check_number("final_fraction", final_fraction, low=0.0)
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0,
+      peak_value=peak_value,
+      warmup_steps=int(round(warmup_fraction * total_steps)),
+      decay_steps=total_steps,
+      end_value=final_fraction * peak_value,
+  )

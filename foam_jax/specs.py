@@ -1,0 +1,278 @@
+"""Which leaves FOAM folds, along which axis, at which level.
+
+A :class:`FoldSpec` says how one parameter's moments are folded; ``None``
+says the parameter gets plain Adam moments. ``scale_by_foam(fold_spec=...)``
+takes:
+
+* ``None``: the default policy (:func:`default_fold_specs`), the paper's:
+  fold every leaf with ``ndim >= 2`` along axis ``-2`` (a Flax ``Dense``
+  kernel's input axis) at ``fold_level``, except leaves whose tree path
+  contains ``embed`` or ``lm_head`` (case-insensitive), which keep Adam's
+  moments like every leaf with ``ndim < 2``.
+* a pytree shaped like the params whose leaves are ``FoldSpec`` or ``None``;
+* a callable ``params -> such a pytree`` (Optax's ``mask`` convention).
+
+When a parameter is sharded along its fold axis, a block must not straddle
+two shards (else the update needs communication): with the axis split ``s``
+ways, ``(n / s) % k == 0`` must hold. The default policy reads the
+parameter's sharding when it is known (concrete ``jax.Array``s,
+``jax.ShapeDtypeStruct``s with a sharding, tracers under explicit mesh axes)
+and lowers the level to the largest that fits, or folds the last axis instead
+when that keeps a higher level. Explicit ``FoldSpec``s are never changed: one
+that straddles shards raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Union
+
+import jax
+import optax
+
+from foam_jax import folding
+
+__all__ = [
+    "FoldSpec",
+    "FoldSpecTree",
+    "default_fold_specs",
+    "resolve_fold_specs",
+    "is_spec_leaf",
+    "shard_shape",
+]
+
+# Name fragments (lower case) of leaves the default policy leaves unfolded.
+UNFOLDED_NAME_FRAGMENTS = ("embed", "lm_head")
+
+
+@dataclasses.dataclass(frozen=True)
+class FoldSpec:
+  """How to fold one parameter's Adam moments.
+
+  Attributes:
+    axis: the axis averaged in blocks. ``-2`` is the input-feature axis of a
+      Flax ``Dense`` kernel ``(in, out)`` and of scan-stacked kernels
+      ``(layers, in, out)``, the axis the paper folds.
+    level: blocks hold ``2**level`` entries, so the state along ``axis`` is
+      ``2**level`` times smaller. ``0`` is plain Adam (times ``alpha``);
+      a level whose block exceeds the axis folds it into a single block.
+      ``None`` takes the transform's ``fold_level``.
+
+  Examples:
+    >>> import jax.numpy as jnp, foam_jax
+    >>> params = {"w": jnp.zeros((64, 8)), "b": jnp.zeros((8,))}
+    >>> specs = {"w": foam_jax.FoldSpec(axis=-1, level=3), "b": None}
+    >>> tx = foam_jax.scale_by_foam(fold_spec=specs)
+    >>> tx.init(params).mu["w"].shape
+    (64, 1)
+  """
+
+  axis: int = -2
+  level: int | None = 2
+
+  def __post_init__(self):
+    if isinstance(self.axis, bool) or not isinstance(self.axis, int):
+      raise TypeError(f"FoldSpec.axis must be an int, got {self.axis!r}.")
+    if self.level is not None and (
+        isinstance(self.level, bool) or not isinstance(self.level, int)
+    ):
+      raise TypeError(
+          f"FoldSpec.level must be an int or None, got {self.level!r}."
+      )
+    if self.level is not None and self.level < 0:
+      raise ValueError(f"FoldSpec.level must be >= 0, got {self.level}.")
+
+
+FoldSpecTree = Any  # A pytree of `FoldSpec | None` shaped like the params.
+FoldSpecLike = Union[None, FoldSpecTree, Callable[[Any], FoldSpecTree]]
+
+
+def is_spec_leaf(x: Any) -> bool:
+  """True for the leaves of a spec tree: a ``FoldSpec`` or ``None``."""
+  return x is None or isinstance(x, FoldSpec)
+
+
+def _path_str(path) -> str:
+  return jax.tree_util.keystr(path) or "<root>"
+
+
+def shard_shape(leaf: Any) -> tuple[int, ...] | None:
+  """The per-device shape of a leaf, or ``None`` if its sharding is unknown.
+
+  Known for concrete ``jax.Array``s, ``jax.ShapeDtypeStruct``s carrying a
+  sharding, and tracers whose abstract value carries one (explicit mesh
+  axes). Under automatic sharding inside ``jit`` it is unknown.
+  """
+  sharding = None
+  if isinstance(leaf, jax.core.Tracer):
+    try:
+      sharding = jax.typeof(leaf).sharding
+    except Exception:  # pylint: disable=broad-except
+      return None
+  else:
+    sharding = getattr(leaf, "sharding", None)
+  if sharding is None:
+    return None
+  try:
+    return tuple(sharding.shard_shape(tuple(leaf.shape)))
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def _level_fits(n: int, shard_n: int, level: int) -> bool:
+  """A block of ``level`` lies inside one shard of an axis cut to ``shard_n``."""
+  if shard_n >= n:  # Not sharded along this axis.
+    return True
+  return shard_n % folding.block_size(n, level) == 0
+
+
+def _largest_fitting_level(n: int, shard_n: int, level: int) -> int:
+  while level > 0 and not _level_fits(n, shard_n, level):
+    level -= 1
+  return level
+
+
+def _fit_default_spec(spec: FoldSpec, leaf: Any) -> FoldSpec:
+  """Lowers the level or moves to axis -1 so blocks stay inside shards."""
+  local = shard_shape(leaf)
+  if local is None:
+    return spec
+  shape = tuple(leaf.shape)
+  best = None
+  for axis in dict.fromkeys((spec.axis % len(shape), len(shape) - 1)):
+    level = _largest_fitting_level(shape[axis], local[axis], spec.level)
+    if best is None or level > best.level:
+      best = FoldSpec(axis=axis - len(shape), level=level)
+  return best if best.level != spec.level else spec
+
+
+def _check_explicit_spec(spec: FoldSpec, leaf: Any, path) -> None:
+  local = shard_shape(leaf)
+  if local is None:
+    return
+  axis = spec.axis % leaf.ndim
+  n, shard_n = leaf.shape[axis], local[axis]
+  if not _level_fits(n, shard_n, spec.level):
+    raise ValueError(
+        f"FoldSpec(axis={spec.axis}, level={spec.level}) for the parameter at "
+        f"{_path_str(path)} (shape {tuple(leaf.shape)}) would put a block of "
+        f"{folding.block_size(n, spec.level)} entries across two shards: axis "
+        f"{spec.axis} is sharded into pieces of {shard_n}. Use a level whose "
+        f"block divides {shard_n}, another axis, or fold_spec=None to let the "
+        "default policy choose."
+    )
+
+
+def default_fold_specs(params: Any, fold_level: int = 2) -> FoldSpecTree:
+  """The paper's policy: which leaves to fold, as a spec tree.
+
+  Leaves with ``ndim >= 2`` get ``FoldSpec(axis=-2, level=fold_level)``,
+  except those whose tree path contains ``embed`` or ``lm_head``
+  (case-insensitive); those and every leaf with ``ndim < 2`` get ``None``
+  (plain Adam). The result has ``None`` where Adam is used, so it is a valid
+  ``fold_spec`` argument to start an override from.
+
+  Args:
+    params: the parameter pytree (arrays or ``jax.ShapeDtypeStruct``s).
+    fold_level: the level of the folded leaves.
+
+  Returns:
+    A pytree of ``FoldSpec | None`` shaped like ``params``.
+
+  Examples:
+    >>> import jax.numpy as jnp, foam_jax
+    >>> params = {"embed_tokens": jnp.zeros((256, 64)),
+    ...           "mlp": {"kernel": jnp.zeros((64, 128)),
+    ...                   "bias": jnp.zeros((128,))}}
+    >>> specs = foam_jax.default_fold_specs(params)
+    >>> specs["embed_tokens"], specs["mlp"]["bias"], specs["mlp"]["kernel"]
+    (None, None, FoldSpec(axis=-2, level=2))
+  """
+
+  def choose(path, leaf):
+    if getattr(leaf, "ndim", 0) < 2:
+      return None
+    name = _path_str(path).lower()
+    if any(fragment in name for fragment in UNFOLDED_NAME_FRAGMENTS):
+      return None
+    return FoldSpec(axis=-2, level=fold_level)
+
+  return jax.tree_util.tree_map_with_path(choose, params)
+
+
+def resolve_fold_specs(
+    params: Any, fold_spec: FoldSpecLike, fold_level: int
+) -> FoldSpecTree:
+  """Turns a ``fold_spec`` argument into a checked spec tree for ``params``.
+
+  ``level=None`` entries get ``fold_level``. For the default policy the
+  level is adapted to each parameter's sharding when that is known (see the
+  module docstring); explicit specs are checked against it instead.
+
+  Args:
+    params: the parameter (or gradient) pytree.
+    fold_spec: ``None``, a spec pytree, or a callable returning one.
+    fold_level: the level for the default policy and ``level=None`` specs.
+
+  Returns:
+    A pytree of ``FoldSpec | None`` with the structure of ``params``.
+
+  Raises:
+    ValueError: the spec tree does not match ``params``; an axis is out of
+      range for its leaf; a spec sits on a scalar; a spec straddles shards.
+    TypeError: a spec tree leaf is neither ``FoldSpec`` nor ``None``.
+  """
+  is_default = fold_spec is None
+  if is_default:
+    specs = default_fold_specs(params, fold_level)
+  elif callable(fold_spec) and not isinstance(fold_spec, FoldSpec):
+    specs = fold_spec(params)
+  else:
+    specs = fold_spec
+  if isinstance(specs, FoldSpec):
+    raise TypeError(
+        "fold_spec must be a pytree of FoldSpec | None shaped like the params "
+        "(or a callable returning one), not a single FoldSpec; use "
+        "`lambda params: jax.tree.map(lambda _: FoldSpec(...), params)` to "
+        "apply one spec to every leaf."
+    )
+
+  def check(path, spec, leaf):
+    if isinstance(leaf, optax.MaskedNode):
+      return None
+    if not is_spec_leaf(spec):
+      raise TypeError(
+          f"fold_spec leaf at {_path_str(path)} must be a FoldSpec or None, "
+          f"got {spec!r}."
+      )
+    if spec is None:
+      return None
+    if spec.level is None:
+      spec = dataclasses.replace(spec, level=fold_level)
+    ndim = leaf.ndim
+    if ndim == 0:
+      raise ValueError(
+          f"fold_spec puts {spec} on the scalar parameter at {_path_str(path)};"
+          " scalars cannot be folded (use None)."
+      )
+    if not -ndim <= spec.axis < ndim:
+      raise ValueError(
+          f"fold_spec axis {spec.axis} is out of range for the parameter at "
+          f"{_path_str(path)} with shape {tuple(leaf.shape)}."
+      )
+    if is_default:
+      return _fit_default_spec(spec, leaf)
+    _check_explicit_spec(spec, leaf, path)
+    return spec
+
+  try:
+    jax.tree.map(lambda *_: None, specs, params, is_leaf=is_spec_leaf)
+  except (ValueError, TypeError) as e:
+    raise ValueError(
+        "fold_spec does not match the params tree: it must have the params' "
+        f"structure with a FoldSpec or None per leaf. JAX said: {e}"
+    ) from None
+  return jax.tree_util.tree_map_with_path(
+      check, specs, params, is_leaf=is_spec_leaf
+  )

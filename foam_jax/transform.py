@@ -1,0 +1,252 @@
+"""``scale_by_foam``: Adam with folded moments, as an Optax transformation."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+
+from foam_jax import _validation
+from foam_jax import folding
+from foam_jax import specs as specs_lib
+from foam_jax.specs import FoldSpec
+
+__all__ = ["ScaleByFoamState", "scale_by_foam"]
+
+SecondMoment = Literal["mean_of_squares", "square_of_mean"]
+_SECOND_MOMENTS = ("mean_of_squares", "square_of_mean")
+
+
+class ScaleByFoamState(NamedTuple):
+  """State of :func:`scale_by_foam`.
+
+  Attributes:
+    count: number of updates applied so far (``int32``).
+    mu: first moments. A folded leaf's moment has the parameter's rank with
+      the fold axis shrunk to ``ceil(n / 2**level)``; other leaves have the
+      parameter's shape.
+    nu: second moments, shaped like ``mu``.
+  """
+
+  count: chex.Array
+  mu: optax.Updates
+  nu: optax.Updates
+
+
+def _fold_geometry(spec: FoldSpec, shape, state_shape) -> tuple[int, int]:
+  """Recovers ``(axis, level)`` of a folded leaf from its state's shape.
+
+  The state is the source of truth: ``init`` may have lowered the level or
+  moved the axis to fit the parameter's sharding, and ``update`` (possibly
+  traced without sharding information) must fold exactly like ``init`` did.
+  """
+  ndim = len(shape)
+  differing = [a for a in range(ndim) if shape[a] != state_shape[a]]
+  if len(state_shape) != ndim or len(differing) > 1:
+    raise ValueError(
+        f"FOAM state of shape {tuple(state_shape)} does not fit a gradient of "
+        f"shape {tuple(shape)}; was the state made for other params?"
+    )
+  axis = differing[0] if differing else spec.axis % ndim
+  n, nb = shape[axis], state_shape[axis]
+  level = 0
+  while folding.num_blocks(n, level) > nb:
+    level += 1
+  if folding.num_blocks(n, level) != nb:
+    raise ValueError(
+        f"FOAM state of shape {tuple(state_shape)} is not a fold of shape "
+        f"{tuple(shape)}."
+    )
+  return axis, level
+
+
+def _state_zeros(shape, dtype, leaf) -> jax.Array:
+  """Zeros of ``shape``: sharded like ``leaf`` when its sharding is known.
+
+  Folded states keep their parameter's rank, so the parameter's
+  ``NamedSharding`` applies to them unchanged.
+  """
+  sharding = None
+  if isinstance(leaf, jax.core.Tracer):
+    try:
+      aval_sharding = jax.typeof(leaf).sharding
+    except Exception:  # pylint: disable=broad-except
+      aval_sharding = None
+    if aval_sharding is not None and getattr(aval_sharding.mesh, "_any_axis_explicit", False):
+      return jnp.zeros(shape, dtype, out_sharding=aval_sharding)
+  else:
+    param_sharding = getattr(leaf, "sharding", None)
+    if isinstance(
+        param_sharding,
+        (jax.sharding.NamedSharding, jax.sharding.SingleDeviceSharding),
+    ):
+      sharding = param_sharding
+  return jnp.zeros(shape, dtype, device=sharding)
+
+
+def scale_by_foam(
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    *,
+    fold_level: int = 2,
+    alpha: float = 1.0,
+    residual_scale: float = 1.0,
+    fold_spec: specs_lib.FoldSpecLike = None,
+    second_moment: SecondMoment = "mean_of_squares",
+    mu_dtype: Any | None = None,
+    nu_dtype: Any | None = None,
+) -> optax.GradientTransformation:
+  r"""Rescales updates with FOAM: Adam whose moments are stored folded.
+
+  For a folded leaf with fold operator :math:`F` (block means of
+  :math:`k = 2^l` entries along one axis) and its broadcast back :math:`U`,
+  at step :math:`t`:
+
+  .. math::
+
+    \tilde m_t &= \beta_1 \tilde m_{t-1} + (1 - \beta_1) F(g_t) \\
+    \tilde v_t &= \beta_2 \tilde v_{t-1} + (1 - \beta_2) F(g_t^2) \\
+    R_t &= g_t - U F(g_t) \\
+    M_t &= U \tilde m_t + c R_t, \qquad V_t = U \tilde v_t + c^2 R_t^2 \\
+    u_t &= \alpha \frac{\sqrt{1 - \beta_2^t}}{1 - \beta_1^t}
+           \frac{M_t}{\sqrt{V_t} + \epsilon}
+
+  Only :math:`\tilde m, \tilde v` are stored, ``k`` times smaller along the
+  fold axis than Adam's; the residual :math:`R_t` is recomputed every step.
+  Leaves that are not folded get Adam in the same form with no
+  :math:`\alpha`. With ``second_moment="square_of_mean"`` the second moment
+  is fed :math:`F(g_t)^2` (the paper's text) instead of :math:`F(g_t^2)`
+  (the authors' code, the default).
+
+  Bias correction is applied to the step size, with :math:`\epsilon` added to
+  the uncorrected :math:`\sqrt{V}`, as in the authors' code (and Hugging
+  Face's ``AdamW``). It equals ``optax.scale_by_adam`` with
+  :math:`\epsilon_t = \epsilon / \sqrt{1 - \beta_2^t}`; with ``fold_level=0``
+  and ``alpha=1``, FOAM *is* that Adam.
+
+  Args:
+    b1: decay of the first moment, in ``[0, 1)``.
+    b2: decay of the second moment, in ``[0, 1)``.
+    eps: added to the denominator, ``>= 0``.
+    fold_level: the level ``l`` of the default policy (blocks of ``2**l``
+      entries) and of ``FoldSpec(level=None)`` entries. ``0`` is plain Adam.
+    alpha: scale of the update of folded leaves only (the paper's "scale";
+      its recipe uses ``0.25`` with learning rate ``1e-2``).
+    residual_scale: ``c`` above; ``0`` drops the residual.
+    fold_spec: ``None`` for the default policy (fold ``ndim >= 2`` leaves
+      along axis ``-2`` except paths containing ``embed``/``lm_head``), a
+      pytree of :class:`FoldSpec` ``| None`` shaped like the params, or a
+      callable ``params -> such a pytree``. See :mod:`foam_jax.specs`.
+    second_moment: ``"mean_of_squares"`` or ``"square_of_mean"``.
+    mu_dtype: dtype to store the first moments in (default: the param's);
+      arithmetic is always float32 or wider.
+    nu_dtype: dtype to store the second moments in (default: the param's).
+
+  Returns:
+    An ``optax.GradientTransformation`` with state :class:`ScaleByFoamState`.
+    Its updates have the dtype of the params (of the gradients when ``update``
+    is called without params).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, optax, foam_jax
+    >>> params = {"w": jnp.ones((8, 4)), "b": jnp.zeros((4,))}
+    >>> tx = optax.chain(foam_jax.scale_by_foam(), optax.scale(-1e-2))
+    >>> state = tx.init(params)
+    >>> state[0].mu["w"].shape  # folded 4x along axis -2
+    (2, 4)
+    >>> grads = jax.tree.map(jnp.ones_like, params)
+    >>> updates, state = tx.update(grads, state, params)
+    >>> params = optax.apply_updates(params, updates)
+
+  References:
+    Wen et al., `FOAM: Blocked State Folding for Memory-Efficient LLM
+    Training <https://arxiv.org/abs/2512.07112>`_, 2025.
+  """
+  _validation.check_number("b1", b1, low=0.0, high=1.0, high_inclusive=False)
+  _validation.check_number("b2", b2, low=0.0, high=1.0, high_inclusive=False)
+  _validation.check_number("eps", eps, low=0.0)
+  _validation.check_level("fold_level", fold_level)
+  _validation.check_number("alpha", alpha, low=0.0)
+  _validation.check_number("residual_scale", residual_scale, low=0.0)
+  if second_moment not in _SECOND_MOMENTS:
+    raise ValueError(
+        f"second_moment must be one of {_SECOND_MOMENTS}, got {second_moment!r}."
+    )
+  if fold_spec is not None and not callable(fold_spec):
+    jax.tree.map(lambda _: None, fold_spec, is_leaf=specs_lib.is_spec_leaf)
+  mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
+  nu_dtype = None if nu_dtype is None else jnp.dtype(nu_dtype)
+
+  def init_fn(params):
+    specs = specs_lib.resolve_fold_specs(params, fold_spec, fold_level)
+
+    def moments(spec, p):
+      if isinstance(p, optax.MaskedNode):
+        return p, p
+      shape = tuple(p.shape)
+      if spec is not None:
+        shape = folding.folded_shape(shape, spec.axis, spec.level)
+      mu = _state_zeros(shape, mu_dtype or p.dtype, p)
+      nu = _state_zeros(shape, nu_dtype or p.dtype, p)
+      return mu, nu
+
+    pairs = jax.tree.map(moments, specs, params, is_leaf=specs_lib.is_spec_leaf)
+    pick = lambda i: jax.tree.map(  # pylint: disable=g-long-lambda
+        lambda _, pair: pair[i], specs, pairs, is_leaf=specs_lib.is_spec_leaf
+    )
+    return ScaleByFoamState(
+        count=jnp.zeros([], jnp.int32), mu=pick(0), nu=pick(1)
+    )
+
+  def update_fn(updates, state, params=None):
+    specs = specs_lib.resolve_fold_specs(updates, fold_spec, fold_level)
+    count = optax.safe_increment(state.count)
+    t = count.astype(jnp.float32)
+    # Bias correction on the step size (authors' code / HF AdamW form).
+    step = jnp.sqrt(1.0 - b2**t) / (1.0 - b1**t)
+
+    def leaf_update(spec, g, mu, nu, p=None):
+      if isinstance(g, optax.MaskedNode):
+        return g, mu, nu
+      out_dtype = g.dtype if p is None else p.dtype
+      compute = jnp.promote_types(g.dtype, jnp.float32)
+      g = g.astype(compute)
+      if spec is None:
+        mu_new = b1 * mu.astype(compute) + (1.0 - b1) * g
+        nu_new = b2 * nu.astype(compute) + (1.0 - b2) * g * g
+        u = step * mu_new / (jnp.sqrt(nu_new) + eps)
+        return u.astype(out_dtype), mu_new.astype(mu.dtype), nu_new.astype(nu.dtype)
+
+      axis, level = _fold_geometry(spec, g.shape, mu.shape)
+      n = g.shape[axis]
+      g_blocks = folding.to_blocks(g, axis, level)  # (.., nb, k, ..)
+      g_mean = folding.blocked_mean(g_blocks, axis, n, level)  # (.., nb, 1, ..)
+      if second_moment == "mean_of_squares":
+        g_sq_mean = folding.blocked_mean(g_blocks * g_blocks, axis, n, level)
+      else:
+        g_sq_mean = g_mean * g_mean
+      mu_new = b1 * jnp.expand_dims(mu.astype(compute), axis + 1) + (1.0 - b1) * g_mean
+      nu_new = b2 * jnp.expand_dims(nu.astype(compute), axis + 1) + (1.0 - b2) * g_sq_mean
+      r = residual_scale * (g_blocks - g_mean)
+      u_blocks = (alpha * step) * (mu_new + r) / (jnp.sqrt(nu_new + r * r) + eps)
+      u = folding.from_blocks(u_blocks, axis, n)
+      return (
+          u.astype(out_dtype),
+          jnp.squeeze(mu_new, axis + 1).astype(mu.dtype),
+          jnp.squeeze(nu_new, axis + 1).astype(nu.dtype),
+      )
+
+    trees = (specs, updates, state.mu, state.nu)
+    if params is not None:
+      trees += (params,)
+    triples = jax.tree.map(leaf_update, *trees, is_leaf=specs_lib.is_spec_leaf)
+    pick = lambda i: jax.tree.map(  # pylint: disable=g-long-lambda
+        lambda _, triple: triple[i], specs, triples, is_leaf=specs_lib.is_spec_leaf
+    )
+    return pick(0), ScaleByFoamState(count=count, mu=pick(1), nu=pick(2))
+
+  return optax.GradientTransformation(init_fn, update_fn)
