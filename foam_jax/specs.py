@@ -144,7 +144,7 @@ def _fit_default_spec(spec: FoldSpec, leaf: Any) -> FoldSpec:
     level = _largest_fitting_level(shape[axis], local[axis], spec.level)
     if best is None or level > best.level:
       best = FoldSpec(axis=axis - len(shape), level=level)
-  return best if best.level != spec.level else spec
+  return best
 
 
 def _check_explicit_spec(spec: FoldSpec, leaf: Any, path) -> None:
