@@ -67,23 +67,27 @@ def _state_zeros(shape, dtype, leaf) -> jax.Array:
   """Zeros of ``shape``: sharded like ``leaf`` when its sharding is known.
 
   Folded states keep their parameter's rank, so the parameter's
-  ``NamedSharding`` applies to them unchanged.
+  ``NamedSharding`` applies to them unchanged: a concrete parameter's
+  sharding is used for the allocation, and under ``jax.jit`` with explicit
+  mesh axes the tracer's sharding becomes the zeros' ``out_sharding``. Under
+  automatic axes inside ``jit`` the sharding is unknown here; use
+  ``jit(..., out_shardings=foam_jax.sharding.state_shardings(tx, params))``.
   """
-  sharding = None
   if isinstance(leaf, jax.core.Tracer):
     try:
       aval_sharding = jax.typeof(leaf).sharding
     except Exception:  # pylint: disable=broad-except
       aval_sharding = None
-    if aval_sharding is not None and getattr(aval_sharding.mesh, "_any_axis_explicit", False):
-      return jnp.zeros(shape, dtype, out_sharding=aval_sharding)
-  else:
-    param_sharding = getattr(leaf, "sharding", None)
-    if isinstance(
-        param_sharding,
-        (jax.sharding.NamedSharding, jax.sharding.SingleDeviceSharding),
+    if isinstance(aval_sharding, jax.sharding.NamedSharding) and getattr(
+        aval_sharding.mesh, "explicit_axes", ()
     ):
-      sharding = param_sharding
+      return jnp.zeros(shape, dtype, out_sharding=aval_sharding)
+    return jnp.zeros(shape, dtype)
+  sharding = getattr(leaf, "sharding", None)
+  if not isinstance(
+      sharding, (jax.sharding.NamedSharding, jax.sharding.SingleDeviceSharding)
+  ):
+    sharding = None
   return jnp.zeros(shape, dtype, device=sharding)
 
 
