@@ -13,6 +13,11 @@ from foam_jax.folding import unfold
 from foam_jax.folding import WHOLE_AXIS_LEVEL
 from foam_jax.memory import state_bytes
 from foam_jax.memory import tree_bytes
+from foam_jax import sharding
+from foam_jax.sharding import count_collectives
+from foam_jax.sharding import fitted_fold_specs
+from foam_jax.sharding import state_shardings
+from foam_jax.sharding import straddling_blocks
 from foam_jax.specs import default_fold_specs
 from foam_jax.specs import FoldSpec
 from foam_jax.transform import scale_by_foam
@@ -24,14 +29,19 @@ __all__ = [
     "FoldSpec",
     "ScaleByFoamState",
     "WHOLE_AXIS_LEVEL",
+    "count_collectives",
     "default_fold_specs",
+    "fitted_fold_specs",
     "foam",
     "foam_mini",
     "fold",
     "paper_schedule",
     "residual",
     "scale_by_foam",
+    "sharding",
+    "state_shardings",
     "state_bytes",
+    "straddling_blocks",
     "tree_bytes",
     "unfold",
 ]
