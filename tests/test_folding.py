@@ -11,7 +11,7 @@ import pytest
 from foam_jax import folding
 from reference import np_fold, np_unfold
 
-SETTINGS = hypothesis.settings(max_examples=60, deadline=None, derandomize=True)
+SETTINGS = hypothesis.settings(max_examples=30, deadline=None, derandomize=True)
 
 
 @st.composite
