@@ -230,7 +230,8 @@ def resolve_fold_specs(
     specs = fold_spec(params)
   else:
     specs = fold_spec
-  if isinstance(specs, FoldSpec):
+  params_is_leaf = jax.tree_util.treedef_is_leaf(jax.tree.structure(params))
+  if isinstance(specs, FoldSpec) and not params_is_leaf:
     raise TypeError(
         "fold_spec must be a pytree of FoldSpec | None shaped like the params "
         "(or a callable returning one), not a single FoldSpec; use "

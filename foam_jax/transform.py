@@ -44,7 +44,9 @@ def _fold_geometry(spec: FoldSpec, shape, state_shape) -> tuple[int, int]:
   traced without sharding information) must fold exactly like ``init`` did.
   """
   ndim = len(shape)
-  differing = [a for a in range(ndim) if shape[a] != state_shape[a]]
+  differing = [
+      a for a in range(min(ndim, len(state_shape))) if shape[a] != state_shape[a]
+  ]
   if len(state_shape) != ndim or len(differing) > 1:
     raise ValueError(
         f"FOAM state of shape {tuple(state_shape)} does not fit a gradient of "
