@@ -1,0 +1,122 @@
+"""Device meshes from ``--mesh fsdp=2,tp=4`` and shardings for the state.
+
+The model's weights carry ``PartitionSpec``s over the axes ``("fsdp", "tp")``
+(``model.SHARDING``). Arrays whose dimensions a mesh axis does not divide
+(e.g. a folded FOAM state of a few rows) are replicated along that axis
+instead of failing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+__all__ = ["AXES", "parse_mesh", "make_mesh", "fit_spec", "state_shardings",
+           "batch_sharding"]
+
+AXES = ("fsdp", "tp")
+
+
+def parse_mesh(spec: str | None, num_devices: int) -> dict[str, int]:
+  """Parses ``"fsdp=2,tp=4"`` into axis sizes; ``-1`` takes what is left.
+
+  Missing axes have size 1; ``None`` or ``""`` is a single device.
+
+  Examples:
+    >>> parse_mesh("fsdp=2,tp=4", 8)
+    {'fsdp': 2, 'tp': 4}
+    >>> parse_mesh("fsdp=-1", 8)
+    {'fsdp': 8, 'tp': 1}
+    >>> parse_mesh(None, 8)
+    {'fsdp': 1, 'tp': 1}
+  """
+  sizes = {axis: 1 for axis in AXES}
+  if not spec:
+    return sizes
+  fill = None
+  for part in spec.split(","):
+    name, sep, value = part.partition("=")
+    name = name.strip()
+    if not sep or name not in AXES:
+      raise ValueError(
+          f"--mesh: cannot parse {part!r} in {spec!r}; expected e.g. "
+          f"'fsdp=2,tp=4' with axes {AXES}."
+      )
+    try:
+      size = int(value)
+    except ValueError:
+      raise ValueError(f"--mesh: size of {name!r} must be an int, got {value!r}.") from None
+    if size == -1:
+      if fill is not None:
+        raise ValueError("--mesh: at most one axis may be -1.")
+      fill = name
+    elif size < 1:
+      raise ValueError(f"--mesh: size of {name!r} must be >= 1 or -1, got {size}.")
+    else:
+      sizes[name] = size
+  if fill is not None:
+    rest = math.prod(v for k, v in sizes.items() if k != fill)
+    if num_devices % rest:
+      raise ValueError(
+          f"--mesh {spec!r}: {num_devices} devices are not divisible by {rest}."
+      )
+    sizes[fill] = num_devices // rest
+  total = math.prod(sizes.values())
+  if total > num_devices:
+    raise ValueError(
+        f"--mesh {spec!r} needs {total} devices but only {num_devices} exist "
+        "(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N "
+        "simulates N)."
+    )
+  return sizes
+
+
+def make_mesh(sizes: dict[str, int], devices=None) -> Mesh:
+  """A ``Mesh`` over the first ``prod(sizes)`` devices, axes ``AXES``."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = tuple(sizes[a] for a in AXES)
+  return Mesh(np.array(devices[: math.prod(shape)]).reshape(shape), AXES)
+
+
+def fit_spec(shape: tuple[int, ...], spec: P, mesh: Mesh) -> P:
+  """``spec`` without the mesh axes that do not divide their dimension.
+
+  A spec whose rank differs from the array's (e.g. an Adafactor factor that
+  inherited its matrix's annotation) replicates the array.
+
+  Examples:
+    >>> mesh = jax.sharding.AbstractMesh((2, 4), AXES)
+    >>> fit_spec((8, 6), P("fsdp", "tp"), mesh)
+    P('fsdp', None)
+    >>> fit_spec((6,), P("fsdp", "tp"), mesh)
+    P()
+  """
+  if len(spec) != len(shape):
+    return P()
+  entries = list(spec)
+  fitted = []
+  for dim, entry in zip(shape, entries):
+    names = (entry,) if isinstance(entry, str) else tuple(entry or ())
+    size = math.prod(mesh.shape[n] for n in names)
+    fitted.append(entry if dim % size == 0 else None)
+  return P(*fitted)
+
+
+def state_shardings(state: Any, mesh: Mesh) -> Any:
+  """``NamedSharding``s for an ``nnx.State`` from its variables' annotations."""
+  specs = nnx.get_partition_spec(state)
+  return jax.tree.map(
+      lambda x, s: NamedSharding(mesh, fit_spec(tuple(x.shape), s, mesh)),
+      state,
+      specs,
+  )
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Batches split over ``fsdp`` (data parallel), replicated over ``tp``."""
+  return NamedSharding(mesh, P("fsdp"))
