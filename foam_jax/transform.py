@@ -182,8 +182,6 @@ def scale_by_foam(
     raise ValueError(
         f"second_moment must be one of {_SECOND_MOMENTS}, got {second_moment!r}."
     )
-  if fold_spec is not None and not callable(fold_spec):
-    jax.tree.map(lambda _: None, fold_spec, is_leaf=specs_lib.is_spec_leaf)
   mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
   nu_dtype = None if nu_dtype is None else jnp.dtype(nu_dtype)
 
