@@ -322,11 +322,18 @@ class _Mlp(nnx.Module):
     )
 
 
-def test_nnx_optimizer_state_carries_param_sharding_metadata():
-  mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+def _make_optimizer():
+  return nnx.Optimizer(_Mlp(nnx.Rngs(0)), foam_jax.foam(LR), wrt=nnx.Param)
+
+
+@pytest.mark.parametrize(
+    "axis_type, under_jit",
+    [(AxisType.Auto, False), (AxisType.Explicit, False), (AxisType.Explicit, True)],
+)
+def test_nnx_optimizer_state_carries_param_sharding_metadata(axis_type, under_jit):
+  mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
   with jax.set_mesh(mesh):
-    model = _Mlp(nnx.Rngs(0))
-    optimizer = nnx.Optimizer(model, foam_jax.foam(LR), wrt=nnx.Param)
+    optimizer = (nnx.jit(_make_optimizer) if under_jit else _make_optimizer)()
   specs = nnx.get_partition_spec(nnx.state(optimizer))
   state = nnx.state(optimizer)
   for moments in ("mu", "nu"):
