@@ -292,18 +292,49 @@ def test_state_shardings_rejects_unsharded_params():
     )
 
 
-def test_state_shardings_with_masked_transform():
+WRAPPERS = {
+    "masked": lambda: optax.masked(
+        foam_jax.foam(LR), {"kernel": True, "bias": False}
+    ),
+    "inject_hyperparams": lambda: optax.inject_hyperparams(
+        foam_jax.foam, static_args=("fold_level",)
+    )(learning_rate=LR),
+    "multi_steps": lambda: optax.MultiSteps(foam_jax.foam(LR), 4),
+}
+
+
+def _foam_state(state):
+  """The ScaleByFoamState inside a wrapper's state."""
+  found = [
+      s for s in jax.tree.leaves(
+          state, is_leaf=lambda x: isinstance(x, foam_jax.ScaleByFoamState)
+      ) if isinstance(s, foam_jax.ScaleByFoamState)
+  ]
+  assert len(found) == 1
+  return found[0]
+
+
+@pytest.mark.parametrize("wrapper", list(WRAPPERS))
+def test_state_shardings_through_optax_wrappers(wrapper):
   layout = LAYOUTS["fsdp_tp"]
   mesh = _mesh(layout)
   params = {
       "kernel": _sharded_params(layout, mesh)["kernel"],
       "bias": jax.device_put(jnp.zeros((64,)), NamedSharding(mesh, P("model"))),
   }
-  tx = optax.masked(foam_jax.foam(LR), {"kernel": True, "bias": False})
+  tx = WRAPPERS[wrapper]()
   shardings = foam_jax.state_shardings(tx, params)
   state = jax.jit(tx.init, out_shardings=shardings)(params)
-  assert isinstance(state.inner_state[0].mu["bias"], optax.MaskedNode)
-  assert state.inner_state[0].mu["kernel"].sharding.spec == P("data", "model")
+  foam_state = _foam_state(state)
+  assert foam_state.mu["kernel"].shape == (8, 64)
+  assert foam_state.mu["kernel"].sharding.spec == P("data", "model")
+  assert foam_state.count.sharding.spec == P()
+  if wrapper == "masked":
+    assert isinstance(foam_state.mu["bias"], optax.MaskedNode)
+  else:
+    assert foam_state.nu["bias"].sharding.spec == P("model")
+  for leaf in jax.tree.leaves(state):  # Everything else: replicated or param-like.
+    assert leaf.sharding.spec in (P(), P("data", "model"), P("model"))
 
 
 class _Mlp(nnx.Module):
