@@ -167,7 +167,12 @@ def test_compiled_update_has_no_collectives(name, optimizer, axis_type):
   mesh = _mesh(layout, axis_type)
   params = _sharded_params(layout, mesh)
   tx = foam_jax.foam(LR) if optimizer == "foam" else optax.adamw(LR)
-  state = tx.init(params)
+  state = tx.init(params)  # Eager: allocated sharded like the params.
+  for key, leaf in layout.leaves.items():
+    assert state[0].mu[key].sharding.spec == leaf.spec
+    assert state[0].nu[key].sharding.spec == leaf.spec
+    if optimizer == "foam":
+      assert state[0].nu[key].shape == _folded_shape(leaf)
   hlo = jax.jit(_step_fn(tx)).lower(params, params, state).compile().as_text()
   counts = foam_jax.count_collectives(hlo)
   assert counts == dict.fromkeys(sharding_lib.COLLECTIVES, 0), counts
