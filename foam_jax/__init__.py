@@ -14,6 +14,7 @@ from foam_jax.folding import WHOLE_AXIS_LEVEL
 from foam_jax.memory import state_bytes
 from foam_jax.memory import tree_bytes
 from foam_jax import sharding
+from foam_jax.sharding import abstract_state
 from foam_jax.sharding import count_collectives
 from foam_jax.sharding import fitted_fold_specs
 from foam_jax.sharding import state_shardings
@@ -29,6 +30,7 @@ __all__ = [
     "FoldSpec",
     "ScaleByFoamState",
     "WHOLE_AXIS_LEVEL",
+    "abstract_state",
     "count_collectives",
     "default_fold_specs",
     "fitted_fold_specs",

@@ -38,6 +38,7 @@ from foam_jax import specs as specs_lib
 __all__ = [
     "COLLECTIVES",
     "Straddle",
+    "abstract_state",
     "count_collectives",
     "fitted_fold_specs",
     "state_shardings",
@@ -304,3 +305,36 @@ def state_shardings(tx: optax.GradientTransformation, params: Any) -> Any:
     return jax.tree.map(lambda _: replicated, x)
 
   return jax.tree.map(for_subtree, state, is_leaf=is_params_copy)
+
+
+def abstract_state(tx: optax.GradientTransformation, params: Any) -> Any:
+  """``jax.ShapeDtypeStruct`` s of ``tx.init(params)``, with their shardings.
+
+  The restore target for a checkpointed optimizer state (e.g. Orbax's
+  ``StandardCheckpointer.restore(path, target)``), on whatever mesh
+  ``params`` are sharded over; see :func:`state_shardings`.
+
+  Args:
+    tx: the optimizer.
+    params: sharded arrays or ``jax.ShapeDtypeStruct`` s with shardings.
+
+  Returns:
+    A pytree of ``jax.ShapeDtypeStruct`` shaped like ``tx.init(params)``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, foam_jax
+    >>> from jax.sharding import NamedSharding, PartitionSpec as P
+    >>> mesh = jax.make_mesh((jax.device_count(),), ("x",))
+    >>> params = {"w": jax.ShapeDtypeStruct(
+    ...     (64, 32), jnp.float32, sharding=NamedSharding(mesh, P("x")))}
+    >>> target = abstract_state(foam_jax.foam(1e-3), params)
+    >>> target[0].mu["w"].shape, target[0].mu["w"].sharding.spec
+    ((16, 32), P('x',))
+  """
+  abstract = jax.tree.map(_abstract, params, is_leaf=_is_masked)
+  shapes = jax.eval_shape(tx.init, abstract)
+  return jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+      shapes,
+      state_shardings(tx, abstract),
+  )

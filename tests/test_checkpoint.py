@@ -8,7 +8,8 @@ Recipe under test (also in the README):
 2. Save ``{"params": ..., "opt_state": ...}`` with Orbax.
 3. Restore onto any mesh with a target of ``jax.ShapeDtypeStruct`` s whose
    shardings come from the new mesh: the params' own, and
-   ``foam_jax.state_shardings(tx, params)`` for the state.
+   ``foam_jax.abstract_state(tx, params)`` for the state (its shapes, with
+   shardings from ``foam_jax.state_shardings``).
 """
 
 from __future__ import annotations
@@ -87,13 +88,10 @@ def _train(tx, params, state, mesh, start: int, steps: int):
 def _target(tx, mesh):
   """Restore target for ``mesh``: shapes, dtypes and the mesh's shardings."""
   abstract_params = _abstract_params(mesh)
-  abstract_state = jax.eval_shape(tx.init, abstract_params)
-  state_shardings = foam_jax.state_shardings(tx, abstract_params)
-  abstract_state = jax.tree.map(
-      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-      abstract_state, state_shardings,
-  )
-  return {"params": abstract_params, "opt_state": abstract_state}
+  return {
+      "params": abstract_params,
+      "opt_state": foam_jax.abstract_state(tx, abstract_params),
+  }
 
 
 def _assert_trees_equal(got, want):
