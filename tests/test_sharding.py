@@ -419,3 +419,20 @@ def test_linen_boxed_path():
   grads = jax.tree.map(jnp.ones_like, unboxed)
   updates, _ = jax.jit(tx.update)(grads, nn.unbox(state), unboxed)
   assert updates["kernel"].sharding.spec == P("data", "model")
+
+
+def test_foam_mini_folds_each_shard_into_one_block():
+  """FOAM-Mini's whole-axis block would span shards: it shrinks to a shard."""
+  layout = LAYOUTS["fsdp_tp"]  # (32, 64), axis -2 split 2 ways: 16 rows each.
+  params = _sharded_params(layout, _mesh(layout))
+  tx = foam_jax.foam_mini(LR)
+  state = tx.init(params)
+  assert state[0].mu["kernel"].shape == (2, 64)
+  assert state[0].mu["kernel"].sharding.spec == P("data", "model")
+  hlo = jax.jit(_step_fn(tx)).lower(params, params, state).compile().as_text()
+  assert sum(foam_jax.count_collectives(hlo).values()) == 0
+  new_params, _ = jax.jit(_step_fn(tx))(params, params, state)
+  want = np.asarray(params["kernel"], np.float64) - LR * _reference_first_update(
+      np.asarray(params["kernel"]), (0, 16)
+  )
+  np.testing.assert_allclose(new_params["kernel"], want, rtol=1e-5, atol=1e-6)
