@@ -301,67 +301,78 @@ def bench_size(size: str, dtype_name: str, names: list[str], *, warmup: int,
 # Whole train step of the LLaMA example.
 
 
-def bench_train(preset: str, names: list[str], *, warmup: int, repeats: int,
-                batch_size: int | None = None) -> dict[str, Any]:
-  """Tokens/s of the example's jitted train step, per optimizer."""
+def _import_example():
+  """Imports the LLaMA example's ``train`` module (``examples/llama``)."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  if root not in sys.path:
-    sys.path.insert(0, root)
-  # pylint: disable=g-import-not-at-top
-  from flax import nnx
-  from examples.llama import configs as configs_lib
-  from examples.llama import model as model_lib
-  from examples.llama import train as train_lib
-  # pylint: enable=g-import-not-at-top
-
-  config = configs_lib.get_config(preset)
-  if batch_size is not None:
-    config = dataclasses.replace(config, batch_size=batch_size)
-  bsz = config.batch_size
-  seq = config.seq_len
-  rng = np.random.default_rng(0)
-  batch = jnp.asarray(rng.integers(0, config.vocab_size, (bsz, seq + 1)),
-                      jnp.int32)
-
-  runners = []
-  for name in names:
-    model = model_lib.Llama(config, rngs=nnx.Rngs(0))
-    tx = train_lib.make_optimizer(name, 1e-3, 1000)
-    runners.append(train_lib.TrainStepRunner(name, model, tx, batch)
-                   if hasattr(train_lib, "TrainStepRunner")
-                   else _TrainRunner(name, model, tx, batch, train_lib))
-  times = time_interleaved(runners, warmup=warmup, repeats=repeats, inner=1)
-  med = {k: statistics.median(v) for k, v in times.items()}
-  tokens = bsz * seq
-  rows = [{
-      "optimizer": n,
-      "median_ms": 1e3 * med[n],
-      "tokens_per_s": tokens / med[n],
-      "ratio_to_adamw": med["adamw"] / med[n] if "adamw" in med else None,
-  } for n in names]
-  return {"preset": preset, "batch_size": bsz, "seq_len": seq,
-          "tokens_per_step": tokens, "rows": rows}
+  path = os.path.join(root, "examples", "llama")
+  if path not in sys.path:
+    sys.path.insert(0, path)
+  import train as train_lib  # pylint: disable=g-import-not-at-top
+  return train_lib
 
 
 class _TrainRunner:
-  """Drives the example's train step on one fixed batch."""
+  """The example's jitted, donated train step on one fixed batch."""
 
-  def __init__(self, name, model, tx, batch, train_lib):
-    from flax import nnx  # pylint: disable=g-import-not-at-top
+  def __init__(self, name, train_lib, model_cfg, batch, total_steps=1000):
+    sharding_lib = train_lib.sharding_lib
+    mesh = sharding_lib.make_mesh(sharding_lib.parse_mesh(None, 1))
+    tx = train_lib.make_optimizer(name, None, total_steps)
+    graphdef, self.params, shardings = train_lib.create_state(model_cfg, tx, mesh)
+    batch_sharding = sharding_lib.batch_sharding(mesh)
+    self.batch = jax.device_put(batch, batch_sharding)
+    step = train_lib.make_train_step(graphdef, shardings, batch_sharding)
+    self.step = step.lower(self.params, self.batch).compile()
+    self.memory = compiled_memory(self.step)
     self.name = name
-    self.optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
-    self.batch = batch
-    self.step = train_lib.train_step
-    self.params = None
 
   def __call__(self):
-    out = self.step(self.optimizer.model if hasattr(self.optimizer, "model")
-                    else None, self.optimizer, self.batch)
-    self.params = out
-    return out
+    self.params, loss = self.step(self.params, self.batch)
+    return loss
 
   def release(self):
-    self.optimizer = None
+    self.params = self.batch = None
+
+
+def bench_train(preset: str, names: list[str], *, warmup: int, repeats: int,
+                batch_size: int = 16, seq_len: int | None = None) -> dict[str, Any]:
+  """Tokens/s of the example's jitted train step, per optimizer, side by side.
+
+  Args:
+    preset: a key of the example's ``configs.PRESETS``.
+    names: optimizer names of the example's ``make_optimizer``.
+    warmup: untimed steps per optimizer first.
+    repeats: interleaved timed steps per optimizer.
+    batch_size: sequences per step.
+    seq_len: tokens per sequence (default: the preset's ``max_seq_len``).
+
+  Returns:
+    A dict with the config and one row per optimizer.
+  """
+  train_lib = _import_example()
+  model_cfg = train_lib.configs_lib.get_config(preset)
+  seq = seq_len or model_cfg.max_seq_len
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, model_cfg.vocab_size, (batch_size, seq + 1))
+  batch = {"inputs": jnp.asarray(tokens[:, :-1], jnp.int32),
+           "targets": jnp.asarray(tokens[:, 1:], jnp.int32)}
+  runners = [_TrainRunner(n, train_lib, model_cfg, batch) for n in names]
+  times = time_interleaved(runners, warmup=warmup, repeats=repeats, inner=1)
+  med = {k: statistics.median(v) for k, v in times.items()}
+  per_step = batch_size * seq
+  rows = [{
+      "optimizer": r.name,
+      "median_ms": 1e3 * med[r.name],
+      "times_ms": [1e3 * t for t in times[r.name]],
+      "tokens_per_s": per_step / med[r.name],
+      "ratio_to_adamw": med["adamw"] / med[r.name] if "adamw" in med else None,
+      **r.memory,
+  } for r in runners]
+  for r in runners:
+    r.release()
+  return {"preset": preset, "num_params": model_cfg.num_params(),
+          "batch_size": batch_size, "seq_len": seq,
+          "tokens_per_step": per_step, "rows": rows}
 
 
 # --------------------------------------------------------------------------
@@ -425,19 +436,25 @@ def render(results: dict[str, Any]) -> str:
     lines.append("")
   for res in results.get("train", []):
     lines += [
-        f"## Whole train step, LLaMA example `{res['preset']}`",
+        f"## Whole train step, LLaMA example `{res['preset']}` "
+        f"({res['num_params'] / 1e6:.1f}M params)",
         "",
         f"Batch {res['batch_size']} x {res['seq_len']} tokens "
-        f"({res['tokens_per_step']} tokens/step); forward, backward and "
-        "update jitted; medians over interleaved repeats.",
+        f"({res['tokens_per_step']} tokens/step); the example's "
+        "`make_train_step` (forward, backward, update; jitted, state "
+        "donated) with its `make_optimizer(name)` defaults (paper schedule, "
+        "betas 0.9/0.95; FOAM alpha 0.25), on one device, one fixed batch; "
+        "medians over interleaved repeats. Temp = compiled temporary bytes "
+        "of the whole step.",
         "",
-        "| optimizer | median ms | tokens/s | tokens/s vs AdamW |",
-        "|---|---:|---:|---:|",
+        "| optimizer | median ms | tokens/s | tokens/s vs AdamW | temp MiB |",
+        "|---|---:|---:|---:|---:|",
     ]
     for r in res["rows"]:
       ratio = "" if r["ratio_to_adamw"] is None else f"{r['ratio_to_adamw']:.3f}"
       lines.append(f"| {r['optimizer']} | {r['median_ms']:.1f} | "
-                   f"{r['tokens_per_s']:.0f} | {ratio} |")
+                   f"{r['tokens_per_s']:.0f} | {ratio} | "
+                   f"{_mb(r.get('temp_bytes'))} |")
     lines.append("")
   return "\n".join(lines)
 
@@ -477,7 +494,7 @@ def main(argv=None) -> dict[str, Any]:
     dtypes = args.dtypes.split(",")[:1] if args.dtypes == "float32,bfloat16" else args.dtypes.split(",")
   else:
     sizes = (args.sizes or "1m,10m,50m,100m").split(",")
-    repeats, inner = args.repeats or 7, args.inner or 3
+    repeats, inner = args.repeats or 5, args.inner or 2
     dtypes = args.dtypes.split(",")
   for s in sizes:
     if s not in SHAPES:
@@ -501,8 +518,8 @@ def main(argv=None) -> dict[str, Any]:
               f"  temp {_mb(r.get('temp_bytes'))} MiB", flush=True)
   if args.train:
     train_names = (args.train_optimizers.split(",") if args.train_optimizers
-                   else ["adamw", "adafactor", "lion", "muon", "foam-l2",
-                         "foam-mini"])
+                   else ["adamw", "adafactor", "lion", "muon", "foam",
+                         "foam_mini"])
     for preset in args.train.split(","):
       res = bench_train(preset, train_names, warmup=args.warmup,
                         repeats=repeats)
