@@ -108,13 +108,24 @@ def fit_spec(shape: tuple[int, ...], spec: P, mesh: Mesh) -> P:
 
 
 def state_shardings(state: Any, mesh: Mesh) -> Any:
-  """``NamedSharding``s for an ``nnx.State`` from its variables' annotations."""
-  specs = nnx.get_partition_spec(state)
-  return jax.tree.map(
-      lambda x, s: NamedSharding(mesh, fit_spec(tuple(x.shape), s, mesh)),
-      state,
-      specs,
-  )
+  """``NamedSharding``s for an ``nnx.State`` from its variables' annotations.
+
+  A variable's ``PartitionSpec`` comes from its sharding metadata (set by
+  ``nnx.with_partitioning`` and copied onto optimizer states by
+  ``nnx.Optimizer``), fitted to its shape by :func:`fit_spec`; other arrays
+  are replicated. Empty nodes (``optax.MaskedNode``) are kept.
+  """
+
+  def one(x):
+    value = x.get_value() if isinstance(x, nnx.Variable) else x
+    if not hasattr(value, "shape"):  # e.g. a MaskedNode: no arrays inside.
+      return x
+    if not isinstance(x, nnx.Variable):
+      return NamedSharding(mesh, P())
+    spec = P(*(nnx.spmd.get_var_pspec(x) or ()))
+    return x.replace(NamedSharding(mesh, fit_spec(tuple(value.shape), spec, mesh)))
+
+  return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

@@ -190,8 +190,16 @@ def create_state(
   shards. ``state`` is ``nnx.state((model, optimizer))``; ``shardings`` are
   its ``NamedSharding``s, from the weights' annotations (``model.SHARDING``).
   """
+  def sharded_model():
+    with nnx.use_eager_sharding(False):  # We place the arrays ourselves.
+      model = model_lib.Llama(model_cfg, rngs=nnx.Rngs(seed))
+    params = nnx.state(model)
+    nnx.update(model, jax.lax.with_sharding_constraint(
+        params, sharding_lib.state_shardings(params, mesh)))
+    return model
+
   with jax.set_mesh(mesh):
-    model = nnx.jit(lambda: model_lib.Llama(model_cfg, rngs=nnx.Rngs(seed)))()
+    model = nnx.jit(sharded_model)()
     with nnx.use_eager_sharding(False):
       optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
