@@ -301,7 +301,12 @@ def execute(store, spec, data, log):
   return result
 
 
-def plan_phases(p):
+def suite_setting(plan, model_name, key):
+  """``plan[key]``, unless ``plan["per_model"][model_name]`` overrides it."""
+  return plan.get("per_model", {}).get(model_name, {}).get(key, plan[key])
+
+
+def plan_phases(p, only=None):
   """The phases of the benchmark, most important first.
 
   Per model and dataset, each optimizer's lr grid is followed at once by its
@@ -310,6 +315,8 @@ def plan_phases(p):
   phases = []
   for model_name, datasets, opts in p["suites"]:
     for dataset in datasets:
+      if only and f"{model_name}/{dataset}" not in only:
+        continue
       base = {"model": model_name, "dataset": dataset, **p["shape"][model_name],
               "evals": p["evals"], "foam": {}}
       for opt in opts:
@@ -327,24 +334,26 @@ ABLATION = (
 )
 
 
-def run_plan(p, store, log):
+def run_plan(p, store, log, only=None):
   datasets = {}
-  for kind, base, opt in plan_phases(p):
+  for kind, base, opt in plan_phases(p, only):
+    lrs = suite_setting(p, base["model"], "lrs")
     if base["dataset"] not in datasets:
       tr, va = split(load_dataset(base["dataset"]))
       datasets[base["dataset"]] = {"train": tr, "val": va}
     data = datasets[base["dataset"]]
     if kind == "grid":
-      for lr in p["lrs"]:
+      for lr in lrs:
         execute(store, {**base, "optimizer": opt, "lr": lr, "seed": 0},
                 data, log)
     elif kind == "seeds":
-      lr = best_lr(store, base, opt, p["lrs"])
-      for seed in range(1, p["seeds"]) if lr is not None else ():
+      lr = best_lr(store, base, opt, lrs)
+      seeds = suite_setting(p, base["model"], "seeds")
+      for seed in range(1, seeds) if lr is not None else ():
         execute(store, {**base, "optimizer": opt, "lr": lr, "seed": seed},
                 data, log)
     else:
-      lr = best_lr(store, base, "foam", p["lrs"])
+      lr = best_lr(store, base, "foam", lrs)
       for change in p.get("ablation_changes", ABLATION):
         execute(store, {**base, "optimizer": "foam", "lr": lr, "seed": 0,
                         "foam": change}, data, log)
@@ -390,7 +399,8 @@ def summarize(data, plan):
       for opt in opts:
         grid = {r["lr"]: r["final_val_loss"] for r in plain
                 if r["optimizer"] == opt and r["seed"] == 0}
-        lr = best_lr(_View(data), base, opt, plan["lrs"])
+        lr = best_lr(_View(data), base, opt,
+                     suite_setting(plan, model_name, "lrs"))
         seeds = sorted((r for r in plain if r["optimizer"] == opt
                         and r["lr"] == lr), key=lambda r: r["seed"])
         mean, sd = _mean_sd([r["final_val_loss"] for r in seeds])
@@ -479,17 +489,18 @@ def write_report(data, plan, out):
       lines += [f"## {model_name} on {dataset}", "", "Not run (time).", ""]
       continue
     tokens = shape["steps"] * shape["batch"] * shape["seq_len"]
+    lrs = suite_setting(plan, model_name, "lrs")
     params = done[0]["seeds"][0]["params"]
     lines += [f"## {model_name} ({params / 1e6:.2f}M weights) on {dataset}",
               "", f"{shape['steps']} steps x {shape['batch']} x "
               f"{shape['seq_len']} bytes = {tokens:,} tokens per run; "
               f"{plan['evals']} validation points per run.", "",
               "### Learning-rate grid (final val loss, seed 0; best in bold)",
-              "", "| optimizer | " + " | ".join(f"{lr:g}" for lr in plan["lrs"])
-              + " |", "|---|" + "---|" * len(plan["lrs"])]
+              "", "| optimizer | " + " | ".join(f"{lr:g}" for lr in lrs)
+              + " |", "|---|" + "---|" * len(lrs)]
     for r in suite["rows"]:
       cells = []
-      for lr in plan["lrs"]:
+      for lr in lrs:
         v = r["grid"].get(lr)
         cell = "not run" if lr not in r["grid"] else (
             "diverged" if v is None else f"{v:.3f}")
@@ -501,7 +512,7 @@ def write_report(data, plan, out):
               "per run |", "|---|---|---|---|---|---|---|"]
     adam = next((r for r in done if r["optimizer"] == "adamw"), None)
     for r in done:
-      edge = (" (grid edge)" if r["lr"] in (plan["lrs"][0], plan["lrs"][-1])
+      edge = (" (grid edge)" if r["lr"] in (lrs[0], lrs[-1])
               else "")
       diff = ("" if adam is None or r is adam
               else f"{r['mean'] - adam['mean']:+.3f}")
@@ -554,6 +565,8 @@ FULL_PLAN = {
     "seeds": 3,
     "evals": 5,
     "ablation": ("tiny", "shakespeare"),
+    # 20m costs ~4x tiny per run: only the two grid points that won on tiny.
+    "per_model": {"20m": {"lrs": [3e-3, 1e-2], "seeds": 1}},
 }
 
 QUICK_PLAN = {
@@ -570,23 +583,40 @@ QUICK_PLAN = {
 }
 
 
+# A few minutes on one GPU (benchmarks/gpu.sh): LLaMA-60M, FOAM vs AdamW.
+GPU_PLAN = {
+    "suites": [("60m", ["shakespeare"], ("adamw", "foam"))],
+    "shape": {"60m": {"steps": 600, "batch": 32, "seq_len": 256}},
+    "lrs": [1e-3, 3e-3, 1e-2],
+    "seeds": 1,
+    "evals": 10,
+    "ablation": (None, None),
+}
+
+PLANS = {"full": FULL_PLAN, "quick": QUICK_PLAN, "gpu": GPU_PLAN}
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true",
                       help="a few steps of a shrunken model (CI).")
   parser.add_argument("--out", default=os.path.join(_ROOT, "benchmarks",
                                                     "results"))
+  parser.add_argument("--plan", choices=sorted(PLANS), default=None,
+                      help="run set (default: full; --quick selects quick)")
+  parser.add_argument("--only", nargs="*", metavar="MODEL/DATASET",
+                      help="run only these suites (e.g. 20m/shakespeare)")
   parser.add_argument("--report-only", action="store_true",
                       help="render the report from the JSON, train nothing.")
   args = parser.parse_args(argv)
-  plan = QUICK_PLAN if args.quick else FULL_PLAN
+  plan = PLANS[args.plan or ("quick" if args.quick else "full")]
   os.makedirs(args.out, exist_ok=True)
   store = Store(os.path.join(args.out, "convergence.json"),
                 {"machine": common.machine_info(), "plan": plan,
                  "quick": args.quick})
   log = lambda s: print(s, flush=True)
   if not args.report_only:
-    run_plan(plan, store, log)
+    run_plan(plan, store, log, args.only)
   write_report(store.data, plan, args.out)
   log(f"wrote {os.path.join(args.out, 'convergence.md')}")
   return store.data

@@ -503,8 +503,12 @@ def _lookup(rows, config, dtype, opt):
 def render(results) -> str:
   """The Markdown report for ``results`` (see :func:`main`)."""
   lines = ["# Memory benchmark", ""]
-  lines += common.header_lines(results["machine"]) + [""]
-  ana = results["analytic"]
+  lines += common.header_lines(results["machine"])
+  if len(results.get("commands", [])) > 1:
+    lines.append("- Sections produced by: " + "; ".join(
+        f"`{c}`" for c in results["commands"]))
+  lines.append("")
+  ana = results.get("analytic") or []
   opts = [o for o in OPTIMIZERS if any(r["optimizer"] == o for r in ana)]
   configs = list(dict.fromkeys(r["config"] for r in ana))
   lines += [
@@ -529,7 +533,7 @@ def render(results) -> str:
                    f"{_gb(first['weights_bytes'])} | " + " | ".join(cells)
                    + " |")
     lines.append("")
-  dtype0 = ana[0]["dtype"]
+  dtype0 = ana[0]["dtype"] if ana else None
   lines += [f"### Optimizer state saved vs AdamW ({dtype0})", "",
             "| config | " + " | ".join(opts[1:]) + " |",
             "|---|" + "---|" * (len(opts) - 1)]
@@ -638,6 +642,35 @@ def render(results) -> str:
   return "\n".join(lines)
 
 
+def device_peak(name: str, optimizer: str, *, batch: int, seq_len: int,
+                overrides=None) -> dict[str, Any]:
+  """Runs two real train steps and reads the device's peak bytes in use.
+
+  Meant for a fresh process per measurement (the peak counter never goes
+  down); on backends without ``memory_stats()`` (CPU) the peak is ``None``.
+  """
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  config = llama_config(name, **(overrides or {}))
+  _, model_lib = _example()
+  with nnx.use_eager_sharding(False):
+    model = model_lib.Llama(config, rngs=nnx.Rngs(0))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  tx = make_optimizer(optimizer, _hidden(config))
+  opt_state = tx.init(params)
+  step = jax.jit(make_train_step(graphdef, tx), donate_argnums=(0, 1))
+  tokens = jnp.zeros((batch, seq_len + 1), jnp.int32)
+  for _ in range(2):
+    params, opt_state, loss = step(params, opt_state, rest, tokens)
+  float(loss)
+  stats = jax.devices()[0].memory_stats() or {}
+  return {"config": name, "optimizer": optimizer, "batch": batch,
+          "seq_len": seq_len, "device": jax.devices()[0].device_kind,
+          "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
+          "state": foam_jax.tree_bytes(opt_state),
+          "weights": foam_jax.tree_bytes(params)}
+
+
 def _matrix_params(params) -> int:
   return sum(math.prod(x.shape) for p, x in
              jax.tree_util.tree_leaves_with_path(params) if _is_matrix(p, x))
@@ -656,6 +689,9 @@ def main(argv=None) -> dict[str, Any]:
                       help="memory budgets in GiB for the largest-model fit")
   parser.add_argument("--no-verify", action="store_true",
                       help="skip compiling the largest fits to check them")
+  parser.add_argument("--device-peak", metavar="CONFIG:OPTIMIZER",
+                      help="only run two real steps of CONFIG with OPTIMIZER "
+                      "and print the device's peak bytes as JSON")
   parser.add_argument("--skip", nargs="*", default=[],
                       choices=["analytic", "compiled", "fits"])
   args = parser.parse_args(argv)
@@ -663,7 +699,7 @@ def main(argv=None) -> dict[str, Any]:
   if args.quick:
     names, dtypes, opts = ["20m"], ("bfloat16",), OPTIMIZERS
     comp_names, comp_opts = ["tiny"], ("adamw", "foam_l2")
-    widths, budgets = ["tiny"], [0.005]
+    widths, budgets = ["tiny"], [0.0005]
     batch, seq = args.batch or 2, args.seq_len or 8
     overrides = {"num_layers": 1, "hidden_size": 32, "intermediate_size": 64,
                  "num_heads": 2}
@@ -675,9 +711,29 @@ def main(argv=None) -> dict[str, Any]:
     batch, seq = args.batch or 8, args.seq_len or 256
     overrides = {}
 
+  if args.device_peak:
+    name, opt = args.device_peak.split(":")
+    row = device_peak(name, opt, batch=batch, seq_len=seq,
+                      overrides=overrides if args.quick else None)
+    print(json.dumps(row), flush=True)
+    return row
   os.makedirs(args.out, exist_ok=True)
-  results = {"machine": common.machine_info(), "quick": args.quick}
+  json_path = os.path.join(args.out, "memory.json")
+  results = {}
+  if os.path.exists(json_path):  # Sections run separately are merged.
+    with open(json_path) as f:
+      results = json.load(f)
+    if results.get("quick") != args.quick:
+      results = {}
+  machine = common.machine_info()
+  results.update(machine=machine, quick=args.quick)
+  results.setdefault("commands", []).append(machine["command"])
   log = lambda s: print(s, flush=True)
+
+  def save():
+    with open(json_path, "w") as f:
+      json.dump(results, f, indent=1)
+
   if "analytic" not in args.skip:
     log("analytic ...")
     results["analytic"] = analytic(names, dtypes, opts)
@@ -690,19 +746,20 @@ def main(argv=None) -> dict[str, Any]:
       results["paper"] = {"fit": paper_parameter_fit(), "counts": counts}
       plot_paper_figure(results["analytic"],
                         os.path.join(args.out, "memory_paper_figure.png"))
+    save()
   if "compiled" not in args.skip:
     log(f"compiled peaks (batch {batch} x {seq}) ...")
     results["compiled"] = compiled_peaks(comp_names, comp_opts, batch=batch,
                                          seq_len=seq, dtype="float32",
                                          overrides=overrides, log=log)
+    save()
   if "fits" not in args.skip:
     log("largest fitting model ...")
     results["fits"] = largest_fitting(
         widths, budgets, ("adamw", "foam_l2"), batch=batch, seq_len=seq,
         dtype="bfloat16", verify=not args.no_verify, overrides=overrides,
         log=log)
-  with open(os.path.join(args.out, "memory.json"), "w") as f:
-    json.dump(results, f, indent=1)
+  save()
   with open(os.path.join(args.out, "memory.md"), "w") as f:
     f.write(render(results))
   log(f"wrote {os.path.join(args.out, 'memory.md')}")

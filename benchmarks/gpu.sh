@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One prepared script for a lent GPU: every piece has its own time limit so
+# the whole run ends inside 10 minutes, and everything lands in $OUT.
+#
+#   OUT=/some/dir bash benchmarks/gpu.sh          # on the GPU machine
+#   OUT=/tmp/gpu_smoke bash benchmarks/gpu.sh --tiny   # CPU smoke test
+#
+# Pieces (limits in seconds):
+#   1. optimizer step time at ~1B params (benchmarks/step_time.py)    150
+#   2. memory: compiled peaks and the 80 GiB fit, with the GPU compiler 170
+#   3. real peak bytes in use of 60M train steps (one process each)      80
+#   4. LLaMA-60M (bytes) on Tiny Shakespeare, FOAM vs AdamW, lr 3 pts   170
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/foam_gpu_out}"
+mkdir -p "$OUT"
+TINY=0
+[[ "${1:-}" == "--tiny" ]] && TINY=1
+LOG="$OUT/gpu_log.txt"
+say() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
+
+{
+  date -u; nvidia-smi --query-gpu=name,memory.total --format=csv 2>/dev/null
+  python -c "import jax, jaxlib; print('jax', jax.__version__, jaxlib.__version__, jax.devices())"
+} >> "$LOG" 2>&1
+
+if (( TINY )); then
+  STEP_ARGS=(--quick)
+  MEM_ARGS=(--quick)
+  PEAK_CONFIGS=("tiny:adamw" "tiny:foam_l2")
+  PEAK_ARGS=(--quick)
+  CONV_ARGS=(--quick)
+else
+  STEP_ARGS=(--sizes 1b --dtypes bfloat16
+             --optimizers adamw,lion,foam-l2,foam-l4,foam-mini
+             --repeats 10 --train 60m
+             --train-optimizers adamw,foam,foam_mini)
+  MEM_ARGS=(--budgets 80 --no-verify)
+  PEAK_CONFIGS=("60m:adamw" "60m:foam_l2" "60m:foam_mini")
+  PEAK_ARGS=(--batch 8 --seq-len 256)
+  CONV_ARGS=(--plan gpu)
+fi
+
+say "1. step time"
+timeout 150 python benchmarks/step_time.py "${STEP_ARGS[@]}" \
+  --out "$OUT/step_time_gpu.md" >> "$LOG" 2>&1 || say "step time: rc $?"
+
+say "2. memory (compiled on this device)"
+timeout 170 python benchmarks/memory.py "${MEM_ARGS[@]}" --out "$OUT/memory" \
+  >> "$LOG" 2>&1 || say "memory: rc $?"
+
+say "3. real peak bytes in use"
+for pair in "${PEAK_CONFIGS[@]}"; do
+  timeout 40 python benchmarks/memory.py "${PEAK_ARGS[@]}" --device-peak "$pair" \
+    2>> "$LOG" | tail -n 1 >> "$OUT/device_peaks.jsonl" || say "peak $pair: rc $?"
+done
+
+say "4. convergence"
+timeout 170 python benchmarks/convergence.py "${CONV_ARGS[@]}" \
+  --out "$OUT/convergence" >> "$LOG" 2>&1 || say "convergence: rc $?"
+
+say "done"
+ls -R "$OUT" >> "$LOG"
