@@ -112,7 +112,7 @@ class TrainConfig:
   preset: str = "tiny"
   model_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
   optimizer: str = "foam"
-  steps: int = 600
+  steps: int = 300
   batch_size: int = 16
   seq_len: int | None = None
   lr: float | None = None
@@ -127,9 +127,9 @@ class TrainConfig:
   tokenizer: str | None = None
   val_fraction: float = 0.05
   out: str | None = None
-  eval_every: int = 100
+  eval_every: int = 50
   eval_batches: int = 8
-  checkpoint_every: int = 200
+  checkpoint_every: int = 100
   resume: bool = False
   mesh: str | None = None
   sample: int = 0
@@ -199,7 +199,11 @@ def create_state(
     return model
 
   with jax.set_mesh(mesh):
-    model = nnx.jit(sharded_model)()
+    if mesh.devices.size > 1:  # Born sharded: no device holds all weights.
+      model = nnx.jit(sharded_model)()
+    else:  # One device: eager creation skips compiling the initialisers.
+      with nnx.use_eager_sharding(False):
+        model = model_lib.Llama(model_cfg, rngs=nnx.Rngs(seed))
     with nnx.use_eager_sharding(False):
       optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
