@@ -479,6 +479,9 @@ def write_report(data, plan, out):
       "(see `make_optimizer` in `benchmarks/convergence.py`; FOAM: the "
       "paper's level 2, alpha 0.25, betas 0.9/0.95); best lr on seed 0's "
       f"final validation loss, then {plan['seeds']} seeds in all at that lr "
+      + "".join(f"({m}: lr grid {o.get('lrs', plan['lrs'])}, "
+                f"{o.get('seeds', plan['seeds'])} seed(s)) "
+                for m, o in plan.get("per_model", {}).items()) +
       "(seed = init + data order). Wall-clock is training steps only, on a "
       "CPU shared with other jobs: compare it only within one run set.", ""]
   for suite in summarize(data, plan):
@@ -522,6 +525,14 @@ def write_report(data, plan, out):
           f"| {r['optimizer']} | {r['lr']:g}{edge} | {len(r['seeds'])} | "
           f"{r['mean']:.3f} +- {r['sd']:.3f} | {diff} | {reach} | "
           f"{r['wall']:.1f} |")
+    foam = next((r for r in done if r["optimizer"] == "foam"), None)
+    if adam and foam and adam is not foam:
+      lines += ["", f"FOAM (paper recipe) {foam['mean']:.3f} +- "
+                f"{foam['sd']:.3f} ({len(foam['seeds'])} seeds, lr "
+                f"{foam['lr']:g}) vs tuned AdamW {adam['mean']:.3f} +- "
+                f"{adam['sd']:.3f} ({len(adam['seeds'])} seeds, lr "
+                f"{adam['lr']:g}): difference {foam['mean'] - adam['mean']:+.3f}"
+                " nats/byte."]
     png = f"convergence_{model_name}_{dataset}.png"
     _plot(suite, os.path.join(out, png))
     lines += ["", f"![loss curves]({png})", ""]
@@ -547,7 +558,10 @@ def write_report(data, plan, out):
                 else f"{r['final_val_loss'] - base0['final_val_loss']:+.3f}")
         lines.append(f"| {change}{note} | {r['lr']:g} | "
                      f"{_fmt(r['final_val_loss'])} | {diff} |")
-      lines.append("")
+      lines += ["", "Level 0 is Adam whose matrices step `alpha * lr` while "
+                "embeddings, head and norms step `lr`: comparing it with the "
+                "recipe separates what folding does from what FOAM's split "
+                "step size does. AdamW steps every weight at `lr`.", ""]
   with open(os.path.join(out, "convergence.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
 

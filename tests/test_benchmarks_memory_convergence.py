@@ -39,8 +39,8 @@ def test_analytic_state_matches_hand_count_for_7b():
   two = 2  # bytes per bf16 element
   # Adam: m and v for every weight (plus an int32 step count).
   assert got["adamw"]["state_bytes"] == 2 * two * (matrices + other) + 4
-  # Lion: one momentum.
-  assert got["lion"]["state_bytes"] == two * (matrices + other)
+  # Lion: one momentum (plus a step count).
+  assert got["lion"]["state_bytes"] == two * (matrices + other) + 4
   # FOAM l=2: every matrix's fold axis (the input axis, a multiple of 4
   # here) shrinks 4x; embeddings, head and norms keep Adam's.
   assert got["foam_l2"]["state_bytes"] == 2 * two * (matrices // 4 + other) + 4
