@@ -1,6 +1,6 @@
 """The Flax NNX LLaMA example (examples/llama): it trains, resumes, shards.
 
-Every run here is a shrunken ``tiny`` (2 layers, width 64, 32-token windows)
+Every run here is a shrunken ``tiny`` (1 layer, width 64, 32-token windows)
 for a few steps, so the file takes well under a minute or two on 2 cores.
 """
 
@@ -34,7 +34,7 @@ import sharding
 import train
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-SMALL = {"num_layers": 2, "hidden_size": 64, "intermediate_size": 176, "num_heads": 4}
+SMALL = {"num_layers": 1, "hidden_size": 64, "intermediate_size": 176, "num_heads": 4}
 RUN = dict(seq_len=32, batch_size=8, eval_batches=2, log_every=5, progress=False)
 LAST_LINE = re.compile(r"^final val_loss (\d+\.\d+)$")
 
@@ -225,7 +225,7 @@ def test_foam_run_learns_and_writes_outputs(foam_run):
   assert {"train_loss", "val_loss", "wall_time"} <= set(records[-1])
   assert os.path.getsize(os.path.join(out, "loss.png")) > 1000
   saved = json.load(open(os.path.join(out, "config.json")))
-  assert saved["model"]["num_layers"] == 2 and saved["train"]["optimizer"] == "foam"
+  assert saved["model"]["num_layers"] == 1 and saved["train"]["optimizer"] == "foam"
   # Folded matrices keep a quarter of Adam's moments; the rest keep Adam's.
   assert 0.25 < summary["state_ratio"] < 0.6
   assert summary["tokens_per_s"] > 0
@@ -234,7 +234,7 @@ def test_foam_run_learns_and_writes_outputs(foam_run):
 def test_adamw_run_from_the_command_line(tmp_path, capsys):
   argv = ["--optimizer", "adamw", "--steps", "24", "--eval-every", "12",
           "--seq-len", "32", "--batch-size", "8", "--eval-batches", "2",
-          "--num-layers", "2", "--hidden-size", "64", "--intermediate-size",
+          "--num-layers", "1", "--hidden-size", "64", "--intermediate-size",
           "176", "--no-progress", "--sample", "8", "--out", str(tmp_path / "a")]
   summary = train.main(argv)
   lines = capsys.readouterr().out.strip().splitlines()
@@ -291,7 +291,7 @@ def test_data_file_run(tmp_path, capsys):
   path.write_text(text, encoding="utf-8")
   summary = train.main([
       "--data", str(path), "--steps", "6", "--eval-every", "3", "--seq-len", "32",
-      "--batch-size", "8", "--eval-batches", "1", "--num-layers", "2",
+      "--batch-size", "8", "--eval-batches", "1", "--num-layers", "1",
       "--hidden-size", "64", "--intermediate-size", "176", "--no-progress",
       "--out", str(tmp_path / "f")])
   assert LAST_LINE.match(capsys.readouterr().out.strip().splitlines()[-1])
