@@ -293,7 +293,7 @@ def test_data_file_run(tmp_path, capsys):
       "--data", str(path), "--steps", "6", "--eval-every", "3", "--seq-len", "32",
       "--batch-size", "8", "--eval-batches", "1", "--num-layers", "1",
       "--hidden-size", "64", "--intermediate-size", "176", "--no-progress",
-      "--out", str(tmp_path / "f")])
+      "--sample", "0", "--out", str(tmp_path / "f")])
   assert LAST_LINE.match(capsys.readouterr().out.strip().splitlines()[-1])
   saved = json.load(open(tmp_path / "f" / "config.json"))
   assert saved["corpus_tokens"] == len(text.encode("utf-8"))

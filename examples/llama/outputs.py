@@ -59,7 +59,7 @@ def plot_losses(metrics_path: str, png_path: str, title: str = "") -> None:
   train = [(r["tokens"], r["train_loss"]) for r in records if r.get("train_loss") is not None]
   val = [(r["tokens"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
   if train:
-    ax.plot(*zip(*train), label="train loss", marker=".")
+    ax.plot(*zip(*train), label="train loss (mean since previous eval)", marker=".")
   if val:
     ax.plot(*zip(*val), label="validation loss", marker="o")
   ax.set_xlabel("tokens")

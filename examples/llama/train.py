@@ -415,6 +415,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
           f"this run's (seed={cfg.seed}, batch_size={cfg.batch_size}, "
           f"seq_len={seq_len}); resume with the same settings."
       )
+    run = {"optimizer": cfg.optimizer, "lr": lr, "steps": cfg.steps, "warmup": cfg.warmup}
+    changed = {k: (meta.get("run", {}).get(k), v) for k, v in run.items()
+               if meta.get("run", {}).get(k) != v}
+    if changed:
+      print(f"--resume: settings differ from the checkpointed run's {changed} "
+            "(old, new); the result will not match an uninterrupted run.")
     tokens_seen = meta["tokens"]
     elapsed_before = meta["wall_time"]
     initial_val_loss = meta.get("initial_val_loss")
@@ -508,6 +514,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             "data": {"seed": cfg.seed, "batch_size": cfg.batch_size, "seq_len": seq_len},
             "wall_time": elapsed_before + time.perf_counter() - t_start,
             "initial_val_loss": initial_val_loss,
+            "run": {"optimizer": cfg.optimizer, "lr": lr, "steps": cfg.steps,
+                    "warmup": cfg.warmup},
         })
       step_t0 += time.perf_counter() - t0  # Evaluations and checkpoints are not training time.
   bar.close()
@@ -596,8 +604,8 @@ def _parser() -> argparse.ArgumentParser:
                  help="continue from the latest checkpoint in --out")
   p.add_argument("--mesh", default=None,
                  help="device mesh, e.g. fsdp=2,tp=4 or fsdp=-1 (all devices)")
-  p.add_argument("--sample", type=int, default=d.sample,
-                 help="generate this many tokens at the end")
+  p.add_argument("--sample", type=int, default=200,
+                 help="generate this many tokens at the end (0: none)")
   p.add_argument("--temperature", type=float, default=d.temperature,
                  help="sampling temperature; 0 is greedy")
   p.add_argument("--prompt", default=d.prompt)
