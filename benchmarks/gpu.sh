@@ -6,10 +6,11 @@
 #   OUT=/tmp/gpu_smoke bash benchmarks/gpu.sh --tiny   # CPU smoke test
 #
 # Pieces (limits in seconds):
-#   1. optimizer step time at ~1B params (benchmarks/step_time.py)    150
-#   2. memory: compiled peaks and the 80 GiB fit, with the GPU compiler 170
-#   3. real peak bytes in use of 60M train steps (one process each)      80
-#   4. LLaMA-60M (bytes) on Tiny Shakespeare, FOAM vs AdamW, lr 3 pts   170
+#   1. optimizer step time at ~1B params (benchmarks/step_time.py)    140
+#   2. memory: 60M compiled peaks and the 80 GiB fit at 7B width, with
+#      the GPU compiler (the analytic part is device-independent)      140
+#   3. real peak bytes in use of 60M train steps (3 processes x 50)     150
+#   4. LLaMA-60M (bytes) on Tiny Shakespeare, FOAM vs AdamW, 2 lrs     150
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/foam_gpu_out}"
@@ -35,28 +36,29 @@ else
              --optimizers adamw,lion,foam-l2,foam-l4,foam-mini
              --repeats 10 --train 60m
              --train-optimizers adamw,foam,foam_mini)
-  MEM_ARGS=(--budgets 80 --no-verify)
+  MEM_ARGS=(--skip analytic --configs 60m --budgets 80 --no-verify
+            --optimizers adamw adafactor lion foam_l2 foam_mini --widths 7b)
   PEAK_CONFIGS=("60m:adamw" "60m:foam_l2" "60m:foam_mini")
   PEAK_ARGS=(--batch 8 --seq-len 256)
   CONV_ARGS=(--plan gpu)
 fi
 
 say "1. step time"
-timeout 150 python benchmarks/step_time.py "${STEP_ARGS[@]}" \
+timeout 140 python benchmarks/step_time.py "${STEP_ARGS[@]}" \
   --out "$OUT/step_time_gpu.md" >> "$LOG" 2>&1 || say "step time: rc $?"
 
 say "2. memory (compiled on this device)"
-timeout 170 python benchmarks/memory.py "${MEM_ARGS[@]}" --out "$OUT/memory" \
+timeout 140 python benchmarks/memory.py "${MEM_ARGS[@]}" --out "$OUT/memory" \
   >> "$LOG" 2>&1 || say "memory: rc $?"
 
 say "3. real peak bytes in use"
 for pair in "${PEAK_CONFIGS[@]}"; do
-  timeout 40 python benchmarks/memory.py "${PEAK_ARGS[@]}" --device-peak "$pair" \
+  timeout 50 python benchmarks/memory.py "${PEAK_ARGS[@]}" --device-peak "$pair" \
     2>> "$LOG" | tail -n 1 >> "$OUT/device_peaks.jsonl" || say "peak $pair: rc $?"
 done
 
 say "4. convergence"
-timeout 170 python benchmarks/convergence.py "${CONV_ARGS[@]}" \
+timeout 150 python benchmarks/convergence.py "${CONV_ARGS[@]}" \
   --out "$OUT/convergence" >> "$LOG" 2>&1 || say "convergence: rc $?"
 
 say "done"

@@ -723,6 +723,14 @@ def main(argv=None) -> dict[str, Any]:
                       help="memory budgets in GiB for the largest-model fit")
   parser.add_argument("--no-verify", action="store_true",
                       help="skip compiling the largest fits to check them")
+  parser.add_argument("--configs", nargs="+", default=None,
+                      help="configs for the compiled peaks (default: tiny "
+                      "20m 60m)")
+  parser.add_argument("--optimizers", nargs="+", default=None,
+                      choices=OPTIMIZERS,
+                      help="optimizers for the compiled peaks (default: all)")
+  parser.add_argument("--widths", nargs="+", default=None,
+                      help="widths (configs) for the fits (default: 1b 3b 7b)")
   parser.add_argument("--device-peak", metavar="CONFIG:OPTIMIZER",
                       help="only run two real steps of CONFIG with OPTIMIZER "
                       "and print the device's peak bytes as JSON")
@@ -744,6 +752,9 @@ def main(argv=None) -> dict[str, Any]:
     widths, budgets = ["1b", "3b", "7b"], args.budgets
     batch, seq = args.batch or 8, args.seq_len or 256
     overrides = {}
+  comp_names = args.configs or comp_names
+  comp_opts = tuple(args.optimizers or comp_opts)
+  widths = args.widths or widths
 
   if args.device_peak:
     name, opt = args.device_peak.split(":")
