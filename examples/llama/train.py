@@ -656,7 +656,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   print(
       f"initial val_loss {summary['initial_val_loss']:.4f} -> final "
       f"{summary['final_val_loss']:.4f} (perplexity {summary['final_val_ppl']:.2f}) "
-      f"in {summary['wall_time_s']:.1f} s, {summary['tokens_per_s']:,.0f} tokens/s"
+      f"in {summary['wall_time_s']:.1f} s, " + (
+          f"{summary['tokens_per_s']:,.0f} tokens/s"
+          if math.isfinite(summary["tokens_per_s"]) else "no steps timed")
   )
   print(
       f"optimizer state: {mib(summary['state_bytes']):.3f} MiB for "
