@@ -17,6 +17,9 @@ OUT="${OUT:-/tmp/foam_gpu_out}"
 mkdir -p "$OUT"
 TINY=0
 [[ "${1:-}" == "--tiny" ]] && TINY=1
+# Time limits scale on a CPU smoke test (quick modes compile slowly there).
+SCALE=$(( TINY ? 4 : 1 ))
+lim() { echo $(( $1 * SCALE )); }
 LOG="$OUT/gpu_log.txt"
 say() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
 
@@ -44,21 +47,21 @@ else
 fi
 
 say "1. step time"
-timeout 140 python benchmarks/step_time.py "${STEP_ARGS[@]}" \
+timeout "$(lim 140)" python benchmarks/step_time.py "${STEP_ARGS[@]}" \
   --out "$OUT/step_time_gpu.md" >> "$LOG" 2>&1 || say "step time: rc $?"
 
 say "2. memory (compiled on this device)"
-timeout 140 python benchmarks/memory.py "${MEM_ARGS[@]}" --out "$OUT/memory" \
+timeout "$(lim 140)" python benchmarks/memory.py "${MEM_ARGS[@]}" --out "$OUT/memory" \
   >> "$LOG" 2>&1 || say "memory: rc $?"
 
 say "3. real peak bytes in use"
 for pair in "${PEAK_CONFIGS[@]}"; do
-  timeout 50 python benchmarks/memory.py "${PEAK_ARGS[@]}" --device-peak "$pair" \
+  timeout "$(lim 50)" python benchmarks/memory.py "${PEAK_ARGS[@]}" --device-peak "$pair" \
     2>> "$LOG" | tail -n 1 >> "$OUT/device_peaks.jsonl" || say "peak $pair: rc $?"
 done
 
 say "4. convergence"
-timeout 150 python benchmarks/convergence.py "${CONV_ARGS[@]}" \
+timeout "$(lim 150)" python benchmarks/convergence.py "${CONV_ARGS[@]}" \
   --out "$OUT/convergence" >> "$LOG" 2>&1 || say "convergence: rc $?"
 
 say "done"

@@ -27,11 +27,17 @@ def _by_opt(rows, config, dtype):
           if r["config"] == config and r["dtype"] == dtype}
 
 
-def test_analytic_state_matches_hand_count_for_7b():
+@pytest.fixture(scope="module")
+def analytic_7b():
+  return _by_opt(
+      memory.analytic(["7b"], ("bfloat16",),
+                      ("adamw", "lion", "muon", "foam_l2", "foam_mini")),
+      "7b", "bfloat16")
+
+
+def test_analytic_state_matches_hand_count_for_7b(analytic_7b):
   """State bytes from eval_shape equal a count from the config's shapes."""
-  rows = memory.analytic(["7b"], ("bfloat16",),
-                         ("adamw", "lion", "foam_l2", "foam_mini"))
-  got = _by_opt(rows, "7b", "bfloat16")
+  got = analytic_7b
   d, f, v, n = 4096, 11008, 32000, 32
   matrices = n * (4 * d * d + 3 * d * f)   # attention + MLP kernels
   other = 2 * v * d + (2 * n + 1) * d      # embed, lm_head, norms
@@ -50,11 +56,9 @@ def test_analytic_state_matches_hand_count_for_7b():
       2 * two * (n * per_layer_out + other) + 4)
 
 
-def test_paper_memory_figure_is_reproduced_for_7b():
+def test_paper_memory_figure_is_reproduced_for_7b(analytic_7b):
   """LLaMA-7B bf16 weights + states match the paper's bars (+-0.1 GB)."""
-  got = _by_opt(memory.analytic(["7b"], ("bfloat16",),
-                                ("adamw", "muon", "foam_l2", "foam_mini")),
-                "7b", "bfloat16")
+  got = analytic_7b
   for opt in ("adamw", "muon", "foam_l2", "foam_mini"):
     paper = memory.PAPER_FIGURE["7b"][opt]
     assert abs(got[opt]["total_bytes"] / 1e9 - paper) < 0.1, opt
