@@ -347,3 +347,27 @@ def test_generate_is_greedy_and_deterministic():
   tokens = np.zeros((1, 8), np.int32)
   tokens[0, :6] = ids[:6]
   assert int(np.argmax(model(tokens)[0, 5])) == ids[6]
+
+
+def test_sentencepiece_tokenizer_run(tmp_path, capsys):
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  text = data.default_corpus()[:200_000]
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text(text, encoding="utf-8")
+  spm.SentencePieceTrainer.train(
+      input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=300,
+      model_type="unigram", minloglevel=2)
+  tokenizer = data.load_tokenizer(str(tmp_path / "sp.model"))
+  assert tokenizer.vocab_size == 300
+  ids = tokenizer.encode("The assignment statement")
+  assert tokenizer.decode(ids) == "The assignment statement"
+  summary = train.main([
+      "--data", str(corpus), "--tokenizer", str(tmp_path / "sp.model"),
+      "--steps", "6", "--eval-every", "3", "--seq-len", "32", "--batch-size", "8",
+      "--eval-batches", "1", "--num-layers", "1", "--hidden-size", "64",
+      "--intermediate-size", "176", "--no-progress", "--sample", "0",
+      "--out", str(tmp_path / "sp_run")])
+  assert LAST_LINE.match(capsys.readouterr().out.strip().splitlines()[-1])
+  # The model's vocabulary follows the tokenizer's: initial loss ~ ln(300).
+  assert abs(summary["initial_val_loss"] - math.log(300)) < 0.5
+  assert summary["final_val_loss"] < summary["initial_val_loss"]
