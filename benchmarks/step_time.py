@@ -17,11 +17,14 @@ update) of the LLaMA example in ``examples/llama`` per optimizer, in tokens/s.
 
 Usage::
 
-  python benchmarks/step_time.py --quick              # seconds, for CI
-  python benchmarks/step_time.py                      # full run, writes
-      # benchmarks/results/step_time.md and step_time.json
+  python benchmarks/step_time.py --quick     # seconds, for CI
+  python benchmarks/step_time.py --train tiny,20m   # the committed results:
+      # benchmarks/results/step_time.md and .json (~18 min on 2 busy cores)
   python benchmarks/step_time.py --sizes 1b --dtypes float32,bfloat16 \\
-      --out $OUT/step_time_gpu.md                     # a GPU run
+      --optimizers adamw,foam-l2,foam-l4,foam-l2-ax-1,foam-mini \\
+      --repeats 10 --inner 5 --warmup 3 --out $OUT/step_time_gpu.md  # GPU
+  python benchmarks/step_time.py --render benchmarks/results/step_time.json
+      # re-render the Markdown from saved results
 """
 
 from __future__ import annotations
@@ -149,6 +152,11 @@ def optimizers(lr: float = 1e-3) -> dict[str, Callable[[], optax.GradientTransfo
   out["foam-mini"] = lambda: foam_jax.foam_mini(lr)
   return out
 
+
+# The full run's sizes: float32 from 1M to 100M params, bfloat16 10M and 50M.
+FULL_SIZES = "1m/float32,10m,50m,100m/float32"
+# Compute-bound baselines, timed only on small sizes (--slow-max-params).
+SLOW_OPTIMIZERS = ("muon", "galore")
 
 # Enough to exercise every code path in seconds (CI).
 QUICK_OPTIMIZERS = ("adamw", "lion", "foam-l2", "foam-l2-ax-1", "foam-mini")
@@ -404,13 +412,33 @@ def render(results: dict[str, Any]) -> str:
       "Optimizers with library defaults: `optax.adamw(1e-3)`, "
       "`optax.adafactor(1e-3)`, `optax.lion(1e-3)`, "
       "`optax.contrib.muon(1e-3)` (Newton-Schulz on every 2-D leaf, Adam on "
-      "the rest), `optax.contrib.galore(1e-3)` (rank 128; its SVD runs "
-      "every 200 steps and is not in the timed steps), "
+      "the rest; compute-bound matmuls), "
+      "`optax.contrib.galore(1e-3)` (rank 128; its SVD runs every 200 "
+      "steps and is not in the timed steps); Muon and GaLore are timed "
+      f"only up to {results.get('slow_max_params', 0) / 1e6:.0f}M params "
+      "(seconds per step, and minutes of SVDs at init, on this CPU), "
       "`foam_jax.foam(1e-3, fold_level=l)` (default policy: matrices folded "
       "along axis -2, embed/lm_head/norms Adam), `foam-lN-ax-1` = the same "
       "folded along axis -1, `foam_jax.foam_mini(1e-3)`.",
       "",
   ]
+  if results["step"]:
+    names = []
+    for res in results["step"]:
+      names += [r["optimizer"] for r in res["rows"] if r["optimizer"] not in names]
+    lines += [
+        "## Summary: step time / AdamW's (median; < 1 is faster)",
+        "",
+        "| size | dtype | " + " | ".join(names) + " |",
+        "|---|---|" + "---:|" * len(names),
+    ]
+    for res in results["step"]:
+      ratios = {r["optimizer"]: r["ratio_to_adamw"] for r in res["rows"]}
+      cells = [f"{ratios[n]:.2f}" if ratios.get(n) is not None else "-"
+               for n in names]
+      lines.append(f"| {res['size']} ({res['num_params'] / 1e6:.0f}M) | "
+                   f"{res['dtype']} | " + " | ".join(cells) + " |")
+    lines.append("")
   for res in results["step"]:
     s = res["shape"]
     lines += [
@@ -464,7 +492,9 @@ def main(argv=None) -> dict[str, Any]:
   parser.add_argument("--quick", action="store_true",
                       help="tiny sizes and few repeats (seconds; for CI)")
   parser.add_argument("--sizes", default=None,
-                      help=f"comma-separated, from {sorted(SHAPES)}")
+                      help=f"comma-separated, from {sorted(SHAPES)}; an "
+                      "entry SIZE/DTYPE runs only for that dtype (default: "
+                      f"{FULL_SIZES})")
   parser.add_argument("--dtypes", default="float32,bfloat16")
   parser.add_argument("--optimizers", default=None,
                       help="comma-separated names (default: all)")
@@ -475,10 +505,28 @@ def main(argv=None) -> dict[str, Any]:
   parser.add_argument("--train", default=None,
                       help="comma-separated LLaMA example presets to time "
                       "whole train steps on (e.g. tiny,20m)")
-  parser.add_argument("--train-optimizers", default=None)
+  parser.add_argument("--train-optimizers", default=None,
+                      help="the example's optimizer names (default: adamw, "
+                      "foam, foam_mini, adafactor, lion, muon)")
+  parser.add_argument("--train-batch", type=int, default=8,
+                      help="sequences per train step")
+  parser.add_argument("--slow-max-params", type=float, default=15e6,
+                      help="time Muon and GaLore only up to this many params "
+                      "(Muon's Newton-Schulz matmuls take seconds per step on "
+                      "CPU; GaLore's SVDs at init take minutes)")
+  parser.add_argument("--render", default=None,
+                      help="only re-render the Markdown from this JSON file")
   parser.add_argument("--out", default=None,
                       help="Markdown report path (JSON written next to it)")
   args = parser.parse_args(argv)
+  if args.render:
+    with open(args.render, encoding="utf-8") as f:
+      results = json.load(f)
+    out = args.out or os.path.splitext(args.render)[0] + ".md"
+    with open(out, "w", encoding="utf-8") as f:
+      f.write(render(results))
+    print(f"wrote {out}")
+    return results
 
   names = list(QUICK_OPTIMIZERS if args.quick else optimizers())
   if args.optimizers:
@@ -493,53 +541,69 @@ def main(argv=None) -> dict[str, Any]:
     repeats, inner = args.repeats or 3, args.inner or 1
     dtypes = args.dtypes.split(",")[:1] if args.dtypes == "float32,bfloat16" else args.dtypes.split(",")
   else:
-    sizes = (args.sizes or "1m,10m,50m,100m").split(",")
+    sizes = (args.sizes or FULL_SIZES).split(",")
     repeats, inner = args.repeats or 5, args.inner or 2
     dtypes = args.dtypes.split(",")
-  for s in sizes:
-    if s not in SHAPES:
-      raise ValueError(f"--sizes: unknown size {s!r}; known: {sorted(SHAPES)}")
-
-  results = {"machine": common.machine_info(), "repeats": repeats,
-             "inner": inner, "step": [], "train": []}
+  configs = []
   for dtype in dtypes:
-    for size in sizes:
-      start = time.perf_counter()
-      res = bench_size(size, dtype, names, warmup=args.warmup,
-                       repeats=repeats, inner=inner)
-      results["step"].append(res)
-      adam = next(r for r in res["rows"] if r["optimizer"] == "adamw")
-      print(f"{size} {dtype}: copy {res['copy_ms']:.2f} ms, adamw "
-            f"{adam['median_ms']:.2f} ms ({time.perf_counter() - start:.0f}s)",
-            flush=True)
-      for r in res["rows"]:
-        print(f"  {r['optimizer']:>14s} {r['median_ms']:9.2f} ms  "
-              f"x{r['ratio_to_adamw']:.3f} (paired {r['paired_ratio_median']:.3f})"
-              f"  temp {_mb(r.get('temp_bytes'))} MiB", flush=True)
+    for entry in sizes:
+      size, _, only = entry.partition("/")
+      if size not in SHAPES:
+        raise ValueError(f"--sizes: unknown size {size!r}; known: {sorted(SHAPES)}")
+      if not only or only == dtype:
+        configs.append((size, dtype))
+
+  out = args.out
+  if out is None and not args.quick:
+    out = os.path.join(RESULTS_DIR, "step_time.md")
+  results = {"machine": common.machine_info(), "repeats": repeats,
+             "inner": inner, "slow_max_params": args.slow_max_params,
+             "step": [], "train": []}
+  for size, dtype in configs:
+    start = time.perf_counter()
+    size_names = [n for n in names if n not in SLOW_OPTIMIZERS
+                  or SHAPES[size].num_params() <= args.slow_max_params]
+    res = bench_size(size, dtype, size_names, warmup=args.warmup,
+                     repeats=repeats, inner=inner)
+    results["step"].append(res)
+    save(results, out)  # Partial results survive an interrupted run.
+    adam = next(r for r in res["rows"] if r["optimizer"] == "adamw")
+    print(f"{size} {dtype}: copy {res['copy_ms']:.2f} ms, adamw "
+          f"{adam['median_ms']:.2f} ms ({time.perf_counter() - start:.0f}s)",
+          flush=True)
+    for r in res["rows"]:
+      print(f"  {r['optimizer']:>14s} {r['median_ms']:9.2f} ms  "
+            f"x{r['ratio_to_adamw']:.3f} (paired {r['paired_ratio_median']:.3f})"
+            f"  temp {_mb(r.get('temp_bytes'))} MiB", flush=True)
   if args.train:
     train_names = (args.train_optimizers.split(",") if args.train_optimizers
-                   else ["adamw", "adafactor", "lion", "muon", "foam",
-                         "foam_mini"])
+                   else ["adamw", "foam", "foam_mini", "adafactor", "lion",
+                         "muon"])
     for preset in args.train.split(","):
       res = bench_train(preset, train_names, warmup=args.warmup,
-                        repeats=repeats)
+                        repeats=repeats, batch_size=args.train_batch)
       results["train"].append(res)
+      save(results, out)
       for r in res["rows"]:
         print(f"train {preset} {r['optimizer']:>10s} {r['median_ms']:8.1f} ms "
               f"{r['tokens_per_s']:9.0f} tok/s x{r['ratio_to_adamw']:.3f}",
               flush=True)
 
-  out = args.out
-  if out is None and not args.quick:
-    out = os.path.join(RESULTS_DIR, "step_time.md")
+  save(results, out)
   if out:
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w", encoding="utf-8") as f:
-      f.write(render(results))
-    with open(os.path.splitext(out)[0] + ".json", "w", encoding="utf-8") as f:
-      json.dump(results, f, indent=1)
     print(f"wrote {out}")
   return results
+
+
+def save(results: dict[str, Any], out: str | None) -> None:
+  """Writes the Markdown report and its JSON (no-op when ``out`` is None)."""
+  if not out:
+    return
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out, "w", encoding="utf-8") as f:
+    f.write(render(results))
+  with open(os.path.splitext(out)[0] + ".json", "w", encoding="utf-8") as f:
+    json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":
