@@ -273,6 +273,9 @@ class Store:
 
   def put(self, result):
     self.data["runs"][run_id(result)] = result
+    self.put_all()
+
+  def put_all(self):
     tmp = self.path + ".tmp"
     with open(tmp, "w") as f:
       json.dump(self.data, f)
@@ -343,7 +346,8 @@ def run_plan(p, store, log, only=None):
       datasets[base["dataset"]] = {"train": tr, "val": va}
     data = datasets[base["dataset"]]
     if kind == "grid":
-      for lr in lrs:
+      fixed = p.get("fixed_lr", {}).get(opt)
+      for lr in [fixed] if fixed else lrs:
         execute(store, {**base, "optimizer": opt, "lr": lr, "seed": 0},
                 data, log)
     elif kind == "seeds":
@@ -464,11 +468,24 @@ def _fmt(x, nd=3):
   return "" if x is None else f"{x:.{nd}f}"
 
 
+def _commands(meta) -> list[str]:
+  """Commands that produced the runs of a store, oldest first."""
+  out = []
+  while meta:
+    out.insert(0, meta["machine"]["command"])
+    for merged in meta.get("merged", []):
+      out.extend(merged)
+    meta = meta.get("previous")
+  return [c for c in dict.fromkeys(out) if "--report-only" not in c]
+
+
 def write_report(data, plan, out):
   """Writes ``convergence.md`` (and one PNG per model/dataset)."""
   meta = data["meta"]
   lines = ["# Convergence benchmark", ""]
-  lines += common.header_lines(meta["machine"]) + [""]
+  lines += common.header_lines(meta["machine"])
+  lines += ["- Runs produced by (resumed/parallel, same machine): "
+            + "; ".join(f"`{c}`" for c in _commands(meta)), ""]
   lines += [
       "Byte-level LLaMA (the example's presets with vocabulary 256, float32, "
       "no remat) trained with next-byte cross-entropy on random windows of "
@@ -509,6 +526,15 @@ def write_report(data, plan, out):
             "diverged" if v is None else f"{v:.3f}")
         cells.append(f"**{cell}**" if lr == r["lr"] else cell)
       lines.append(f"| {r['optimizer']} | " + " | ".join(cells) + " |")
+    if any(r["lr"] in (lrs[0], lrs[-1]) for r in done if len(lrs) > 2):
+      lines += ["", "\"(grid edge)\": the best lr is at an end of the grid, "
+                "so a wider grid might improve that optimizer further."]
+    short = [r["optimizer"] for r in suite["rows"]
+             if 0 < len(r["grid"]) < len(lrs)]
+    if short:
+      lines += ["", f"Grid incomplete for {', '.join(short)} (time ran "
+                "out): their \"best lr\" is the best of the points run, not "
+                "a tuned value."]
     lines += ["", "### At the best lr", "",
               "| optimizer | best lr | seeds | final val loss (mean +- sd) | "
               "vs AdamW | tokens to AdamW's final loss (per seed) | train s "
@@ -607,7 +633,16 @@ GPU_PLAN = {
     "ablation": (None, None),
 }
 
-PLANS = {"full": FULL_PLAN, "quick": QUICK_PLAN, "gpu": GPU_PLAN}
+# When the full plan has no time left for 20m: one run each at the lr that
+# won on tiny (not a tuned comparison; the report says so).
+CHECK_20M_PLAN = {
+    **FULL_PLAN,
+    "suites": [("20m", ["shakespeare"], ("adamw", "foam"))],
+    "fixed_lr": {"adamw": 3e-3, "foam": 1e-2},
+}
+
+PLANS = {"full": FULL_PLAN, "quick": QUICK_PLAN, "gpu": GPU_PLAN,
+         "20m_check": CHECK_20M_PLAN}
 
 
 def main(argv=None):
@@ -620,6 +655,9 @@ def main(argv=None):
                       help="run set (default: full; --quick selects quick)")
   parser.add_argument("--only", nargs="*", metavar="MODEL/DATASET",
                       help="run only these suites (e.g. 20m/shakespeare)")
+  parser.add_argument("--merge", nargs="*", default=[], metavar="JSON",
+                      help="add the runs of other convergence.json files "
+                      "(parallel runs) before reporting")
   parser.add_argument("--report-only", action="store_true",
                       help="render the report from the JSON, train nothing.")
   args = parser.parse_args(argv)
@@ -629,6 +667,14 @@ def main(argv=None):
                 {"machine": common.machine_info(), "plan": plan,
                  "quick": args.quick})
   log = lambda s: print(s, flush=True)
+  for path in args.merge:
+    with open(path) as f:
+      other = json.load(f)
+    store.data["runs"].update(other["runs"])
+    store.data["meta"].setdefault("merged", []).append(
+        _commands(other["meta"]))
+  if args.merge:
+    store.put_all()
   if not args.report_only:
     run_plan(plan, store, log, args.only)
   write_report(store.data, plan, args.out)
