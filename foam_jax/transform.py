@@ -232,11 +232,14 @@ def scale_by_foam(
       out_dtype = g.dtype if p is None else p.dtype
       compute = jnp.promote_types(g.dtype, jnp.float32)
       g = g.astype(compute)
+      # The update reads the moments as stored (rounded to mu_dtype/nu_dtype),
+      # as the authors' in-place PyTorch code does: then XLA can overwrite
+      # low-precision states in place instead of keeping float32 copies.
       if spec is None:
-        mu_new = b1 * mu.astype(compute) + (1.0 - b1) * g
-        nu_new = b2 * nu.astype(compute) + (1.0 - b2) * g * g
-        u = step * mu_new / (jnp.sqrt(nu_new) + eps)
-        return u.astype(out_dtype), mu_new.astype(mu.dtype), nu_new.astype(nu.dtype)
+        mu_new = (b1 * mu.astype(compute) + (1.0 - b1) * g).astype(mu.dtype)
+        nu_new = (b2 * nu.astype(compute) + (1.0 - b2) * g * g).astype(nu.dtype)
+        u = step * mu_new.astype(compute) / (jnp.sqrt(nu_new.astype(compute)) + eps)
+        return u.astype(out_dtype), mu_new, nu_new
 
       axis, level = _fold_geometry(spec, g.shape, mu.shape)
       n = g.shape[axis]
@@ -251,14 +254,15 @@ def scale_by_foam(
         g_sq_mean = folding.block_sums(g_blocks, axis, square=True) / counts
       else:
         g_sq_mean = g_mean * g_mean
-      mu_new = b1 * mu.astype(compute) + (1.0 - b1) * g_mean
-      nu_new = b2 * nu.astype(compute) + (1.0 - b2) * g_sq_mean
-      expand = lambda x: jnp.expand_dims(x, axis + 1)  # Unfold: broadcast.
+      mu_new = (b1 * mu.astype(compute) + (1.0 - b1) * g_mean).astype(mu.dtype)
+      nu_new = (b2 * nu.astype(compute) + (1.0 - b2) * g_sq_mean).astype(nu.dtype)
+      # Unfold is a broadcast over the block axis.
+      expand = lambda x: jnp.expand_dims(x.astype(compute), axis + 1)
       r = residual_scale * (g_blocks - expand(g_mean))
       u_blocks = (alpha * step) * (expand(mu_new) + r) / (
           jnp.sqrt(expand(nu_new) + r * r) + eps)
       u = folding.from_blocks(u_blocks, axis, n)
-      return u.astype(out_dtype), mu_new.astype(mu.dtype), nu_new.astype(nu.dtype)
+      return u.astype(out_dtype), mu_new, nu_new
 
     trees = (specs, updates, state.mu, state.nu)
     if params is not None:
