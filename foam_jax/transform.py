@@ -162,7 +162,8 @@ def scale_by_foam(
       callable ``params -> such a pytree``. See :mod:`foam_jax.specs`.
     second_moment: ``"mean_of_squares"`` or ``"square_of_mean"``.
     mu_dtype: dtype to store the first moments in (default: the param's);
-      arithmetic is always float32 or wider.
+      arithmetic is always float32 or wider, and the update reads the new
+      moments as stored (rounded), like the authors' in-place code.
     nu_dtype: dtype to store the second moments in (default: the param's).
 
   Returns:
