@@ -555,7 +555,10 @@ def write_report(data, plan, out):
     if adam and foam and adam is not foam:
       lines += ["", f"FOAM (paper recipe) {foam['mean']:.3f} +- "
                 f"{foam['sd']:.3f} ({len(foam['seeds'])} seeds, lr "
-                f"{foam['lr']:g}) vs tuned AdamW {adam['mean']:.3f} +- "
+                f"{foam['lr']:g}) vs "
+                + ("tuned AdamW" if len(adam["grid"]) == len(lrs)
+                   else "AdamW (not tuned here)")
+                + f" {adam['mean']:.3f} +- "
                 f"{adam['sd']:.3f} ({len(adam['seeds'])} seeds, lr "
                 f"{adam['lr']:g}): difference {foam['mean'] - adam['mean']:+.3f}"
                 " nats/byte."]
