@@ -500,7 +500,9 @@ def write_report(data, plan, out):
                 f"{o.get('seeds', plan['seeds'])} seed(s)) "
                 for m, o in plan.get("per_model", {}).items()) +
       "(seed = init + data order). Wall-clock is training steps only, on a "
-      "CPU shared with other jobs: compare it only within one run set.", ""]
+      "CPU shared with other jobs whose load changed during the runs (the "
+      "same run took 20-180 s), so the wall-clock column and plots are no "
+      "speed comparison; `results/step_time.md` measures speed.", ""]
   for suite in summarize(data, plan):
     model_name, dataset = suite["model"], suite["dataset"]
     shape = plan["shape"][model_name]
