@@ -51,13 +51,24 @@ def tree_bytes(tree: Any) -> int:
 
 
 def abstract(tree: Any) -> Any:
-  """``jax.ShapeDtypeStruct``s (shardings kept) for the arrays of ``tree``."""
-  return jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(
-          x.shape, x.dtype, sharding=getattr(x, "sharding", None)
-      ),
-      tree,
-  )
+  """``jax.ShapeDtypeStruct``s (shardings kept) for the arrays of ``tree``.
+
+  Leaves without a shape and dtype are returned as they are.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> abstract({"w": jnp.zeros((2, 3))})["w"].shape
+    (2, 3)
+  """
+
+  def to_struct(x):
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+      return x
+    return jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=getattr(x, "sharding", None)
+    )
+
+  return jax.tree.map(to_struct, tree)
 
 
 def state_bytes(tx: optax.GradientTransformation, params: Any) -> int:

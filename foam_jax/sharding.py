@@ -33,6 +33,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
 from foam_jax import folding
+from foam_jax import memory
 from foam_jax import specs as specs_lib
 
 __all__ = [
@@ -148,12 +149,7 @@ def straddling_blocks(
     >>> straddling_blocks({"w": w})
     [Straddle(path="['w']", axis=-2, block=4, shard=2)]
   """
-  if fold_spec is None:
-    specs = specs_lib.default_fold_specs(params, fold_level)
-  elif callable(fold_spec) and not isinstance(fold_spec, specs_lib.FoldSpec):
-    specs = fold_spec(params)
-  else:
-    specs = fold_spec
+  specs = specs_lib.requested_fold_specs(params, fold_spec, fold_level)
   found = []
 
   def check(path, spec, leaf):
@@ -188,14 +184,6 @@ def straddling_blocks(
 
 def _is_masked(x: Any) -> bool:
   return isinstance(x, optax.MaskedNode)
-
-
-def _abstract(x: Any) -> Any:
-  if isinstance(x, optax.MaskedNode) or not hasattr(x, "shape"):
-    return x
-  return jax.ShapeDtypeStruct(
-      x.shape, x.dtype, sharding=getattr(x, "sharding", None)
-  )
 
 
 def _mesh_axes_size(mesh, entry) -> int:
@@ -247,7 +235,7 @@ def state_shardings(tx: optax.GradientTransformation, params: Any) -> Any:
     >>> state[0].mu["w"].shape, state[0].mu["w"].sharding == shardings[0].mu["w"]
     ((16, 32), True)
   """
-  abstract = jax.tree.map(_abstract, params, is_leaf=_is_masked)
+  abstract = memory.abstract(params)
   named = [
       x.sharding
       for x in jax.tree.leaves(abstract, is_leaf=_is_masked)
@@ -331,7 +319,7 @@ def abstract_state(tx: optax.GradientTransformation, params: Any) -> Any:
     >>> target[0].mu["w"].shape, target[0].mu["w"].sharding.spec
     ((16, 32), P('x',))
   """
-  abstract = jax.tree.map(_abstract, params, is_leaf=_is_masked)
+  abstract = memory.abstract(params)
   shapes = jax.eval_shape(tx.init, abstract)
   return jax.tree.map(
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),

@@ -37,6 +37,7 @@ __all__ = [
     "FoldSpec",
     "FoldSpecTree",
     "default_fold_specs",
+    "requested_fold_specs",
     "resolve_fold_specs",
     "is_spec_leaf",
     "shard_shape",
@@ -201,6 +202,21 @@ def default_fold_specs(params: Any, fold_level: int = 2) -> FoldSpecTree:
   return jax.tree_util.tree_map_with_path(choose, params)
 
 
+def requested_fold_specs(
+    params: Any, fold_spec: FoldSpecLike, fold_level: int
+) -> FoldSpecTree:
+  """The spec tree a ``fold_spec`` argument asks for, before any checks.
+
+  ``None`` gives :func:`default_fold_specs` (not yet fitted to shardings), a
+  callable is called on ``params``, and a tree is returned as it is.
+  """
+  if fold_spec is None:
+    return default_fold_specs(params, fold_level)
+  if callable(fold_spec) and not isinstance(fold_spec, FoldSpec):
+    return fold_spec(params)
+  return fold_spec
+
+
 def resolve_fold_specs(
     params: Any, fold_spec: FoldSpecLike, fold_level: int
 ) -> FoldSpecTree:
@@ -224,12 +240,7 @@ def resolve_fold_specs(
     TypeError: a spec tree leaf is neither ``FoldSpec`` nor ``None``.
   """
   is_default = fold_spec is None
-  if is_default:
-    specs = default_fold_specs(params, fold_level)
-  elif callable(fold_spec) and not isinstance(fold_spec, FoldSpec):
-    specs = fold_spec(params)
-  else:
-    specs = fold_spec
+  specs = requested_fold_specs(params, fold_spec, fold_level)
   params_is_leaf = jax.tree_util.treedef_is_leaf(jax.tree.structure(params))
   if isinstance(specs, FoldSpec) and not params_is_leaf:
     raise TypeError(
