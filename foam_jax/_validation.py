@@ -16,8 +16,6 @@ import numpy as np
 
 def concrete_number(value: Any) -> float | None:
   """The value as a float when it is a known scalar, else ``None``."""
-  if isinstance(value, bool):
-    return float(value)
   if isinstance(value, numbers.Real):
     return float(value)
   if isinstance(value, (np.ndarray, np.generic)) and np.size(value) == 1:

@@ -54,15 +54,15 @@ def _fold_geometry(spec: FoldSpec, shape, state_shape) -> tuple[int, int]:
     )
   axis = differing[0] if differing else spec.axis % ndim
   n, nb = shape[axis], state_shape[axis]
-  level = 0
-  while folding.num_blocks(n, level) > nb:
-    level += 1
-  if folding.num_blocks(n, level) != nb:
-    raise ValueError(
-        f"FOAM state of shape {tuple(state_shape)} is not a fold of shape "
-        f"{tuple(shape)}."
-    )
-  return axis, level
+  # The smallest level that folds n entries into nb blocks (num_blocks only
+  # falls as the level grows; levels past the axis length all give 1 block).
+  for level in range(max(n, 1).bit_length() + 1):
+    if folding.num_blocks(n, level) == nb:
+      return axis, level
+  raise ValueError(
+      f"FOAM state of shape {tuple(state_shape)} is not a fold of shape "
+      f"{tuple(shape)}."
+  )
 
 
 def _state_zeros(shape, dtype, leaf) -> jax.Array:

@@ -215,3 +215,11 @@ def test_state_from_other_params_is_rejected():
   state = tx.init({"w": jnp.ones((8, 4))})
   with pytest.raises(ValueError, match="does not fit a gradient"):
     tx.update({"w": jnp.ones((8, 5, 2))}, state)
+
+
+def test_state_with_zero_blocks_is_rejected_not_looped_on():
+  tx = foam_jax.scale_by_foam()
+  state = tx.init({"w": jnp.ones((8, 4))})
+  bad = state._replace(mu={"w": jnp.zeros((0, 4))}, nu={"w": jnp.zeros((0, 4))})
+  with pytest.raises(ValueError, match="is not a fold of shape"):
+    tx.update({"w": jnp.ones((8, 4))}, bad)
