@@ -24,6 +24,7 @@ Typical use (MaxText-style sharded-state setup in one line)::
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, NamedTuple
 
@@ -32,7 +33,6 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
-from foam_jax import folding
 from foam_jax import memory
 from foam_jax import specs as specs_lib
 
@@ -160,20 +160,13 @@ def straddling_blocks(
           f"fold_spec leaf at {jax.tree_util.keystr(path)} must be a FoldSpec "
           f"or None, got {spec!r}."
       )
-    local = specs_lib.shard_shape(leaf)
-    if local is None:
-      return
-    level = fold_level if spec.level is None else spec.level
-    axis = spec.axis % leaf.ndim
-    n, shard_n = leaf.shape[axis], local[axis]
-    if not specs_lib._level_fits(n, shard_n, level):  # pylint: disable=protected-access
+    if spec.level is None:
+      spec = dataclasses.replace(spec, level=fold_level)
+    found_here = specs_lib.straddle(spec, leaf)
+    if found_here is not None:
+      block, shard_n = found_here
       found.append(
-          Straddle(
-              jax.tree_util.keystr(path),
-              spec.axis,
-              folding.block_size(n, level),
-              shard_n,
-          )
+          Straddle(jax.tree_util.keystr(path), spec.axis, block, shard_n)
       )
 
   jax.tree_util.tree_map_with_path(

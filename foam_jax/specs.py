@@ -41,6 +41,7 @@ __all__ = [
     "resolve_fold_specs",
     "is_spec_leaf",
     "shard_shape",
+    "straddle",
 ]
 
 # Name fragments (lower case) of leaves the default policy leaves unfolded.
@@ -148,17 +149,30 @@ def _fit_default_spec(spec: FoldSpec, leaf: Any) -> FoldSpec:
   return best
 
 
-def _check_explicit_spec(spec: FoldSpec, leaf: Any, path) -> None:
+def straddle(spec: FoldSpec, leaf: Any) -> tuple[int, int] | None:
+  """``(block, shard)`` sizes if ``spec``'s blocks would cross shards of ``leaf``.
+
+  ``None`` when every block lies inside one shard or the sharding is unknown.
+  ``spec.level`` must be resolved (not ``None``).
+  """
   local = shard_shape(leaf)
   if local is None:
-    return
+    return None
   axis = spec.axis % leaf.ndim
   n, shard_n = leaf.shape[axis], local[axis]
-  if not _level_fits(n, shard_n, spec.level):
+  if _level_fits(n, shard_n, spec.level):
+    return None
+  return folding.block_size(n, spec.level), shard_n
+
+
+def _check_explicit_spec(spec: FoldSpec, leaf: Any, path) -> None:
+  found = straddle(spec, leaf)
+  if found is not None:
+    block, shard_n = found
     raise ValueError(
         f"FoldSpec(axis={spec.axis}, level={spec.level}) for the parameter at "
         f"{_path_str(path)} (shape {tuple(leaf.shape)}) would put a block of "
-        f"{folding.block_size(n, spec.level)} entries across two shards: axis "
+        f"{block} entries across two shards: axis "
         f"{spec.axis} is sharded into pieces of {shard_n}. Use a level whose "
         f"block divides {shard_n}, another axis, or fold_spec=None to let the "
         "default policy choose."
