@@ -185,15 +185,6 @@ def block_counts(length: int, level: int) -> tuple[int, ...] | int:
   return (k,) * (nb - 1) + (length - (nb - 1) * k,)
 
 
-def _counts_for_blocked(counts, ndim_blocked: int, axis: int, dtype) -> jax.Array | int:
-  """Shapes :func:`block_counts` to broadcast against a blocked array."""
-  if isinstance(counts, int):
-    return counts
-  shape = [1] * ndim_blocked
-  shape[axis] = len(counts)
-  return jnp.asarray(counts, dtype).reshape(shape)
-
-
 def folded_counts(length: int, level: int, ndim: int, axis: int,
                   dtype) -> jax.Array | int:
   """:func:`block_counts` shaped to broadcast against a folded array.
@@ -215,7 +206,12 @@ def folded_counts(length: int, level: int, ndim: int, axis: int,
     >>> folded_counts(10, 2, 2, 0, jnp.float32).shape
     (3, 1)
   """
-  return _counts_for_blocked(block_counts(length, level), ndim, axis, dtype)
+  counts = block_counts(length, level)
+  if isinstance(counts, int):
+    return counts
+  shape = [1] * ndim
+  shape[axis] = len(counts)
+  return jnp.asarray(counts, dtype).reshape(shape)
 
 
 def blocked_mean(xb: jax.Array, axis: int, length: int, level: int) -> jax.Array:
@@ -230,10 +226,8 @@ def blocked_mean(xb: jax.Array, axis: int, length: int, level: int) -> jax.Array
   Returns:
     ``xb``'s block means, shape ``(..., num_blocks, 1, ...)``.
   """
-  counts = _counts_for_blocked(
-      block_counts(length, level), xb.ndim, axis, xb.dtype
-  )
-  return jnp.expand_dims(block_sums(xb, axis), axis + 1) / counts
+  counts = folded_counts(length, level, xb.ndim - 1, axis, xb.dtype)
+  return jnp.expand_dims(block_sums(xb, axis) / counts, axis + 1)
 
 
 # Blocks up to this size are summed with slices and adds instead of a reduce.
