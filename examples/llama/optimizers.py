@@ -28,7 +28,6 @@ not tuned here:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
 import jax
 import optax
@@ -64,6 +63,16 @@ def _muon_dims(params):
     return optax.contrib.MuonDimensionNumbers(reduction_axis=0, output_axis=1)
 
   return jax.tree_util.tree_map_with_path(choose, params)
+
+
+def schedule(peak: float, total_steps: int, warmup_fraction: float) -> optax.Schedule:
+  """The example's learning-rate schedule: the paper's warmup + cosine to 0.1x.
+
+  Examples:
+    >>> round(float(schedule(1e-2, 100, 0.1)(10)), 6)
+    0.01
+  """
+  return foam_jax.paper_schedule(peak, total_steps, warmup_fraction)
 
 
 def make_optimizer(
@@ -114,10 +123,7 @@ def make_optimizer(
   if clip < 0:
     raise ValueError(f"clip must be >= 0 (0 disables), got {clip!r}.")
 
-  def schedule(peak: float) -> Callable:
-    return foam_jax.paper_schedule(peak, total_steps, warmup_fraction)
-
-  sched = schedule(lr)
+  sched = schedule(lr, total_steps, warmup_fraction)
   if name == "foam":
     tx = foam_jax.foam(sched, b1=b1, b2=b2, weight_decay=weight_decay,
                        alpha=FOAM_ALPHA)
@@ -138,7 +144,9 @@ def make_optimizer(
         adam_b1=b1,
         adam_b2=b2,
         adam_weight_decay=weight_decay,
-        adam_learning_rate=schedule(lr * DEFAULT_LR["adamw"] / DEFAULT_LR["muon"]),
+        adam_learning_rate=schedule(
+            lr * DEFAULT_LR["adamw"] / DEFAULT_LR["muon"], total_steps,
+            warmup_fraction),
         muon_weight_dimension_numbers=_muon_dims,
     )
   if clip > 0:

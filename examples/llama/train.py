@@ -33,6 +33,7 @@ import platform
 import shutil
 import sys
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,7 +41,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
@@ -400,7 +400,19 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
   train_step = make_train_step(graphdef, shardings, batch_sharding)
   eval_step = make_eval_step(graphdef, shardings, batch_sharding)
-  schedule = foam_jax.paper_schedule(lr, cfg.steps, cfg.warmup)
+  schedule = optimizers_lib.schedule(lr, cfg.steps, cfg.warmup)
+
+  # What a checkpoint must share with this run to continue it exactly.
+  data_identity = {
+      "seed": cfg.seed, "batch_size": cfg.batch_size, "seq_len": seq_len,
+      "val_fraction": cfg.val_fraction, "corpus_tokens": int(len(tokens)),
+      "corpus_crc32": zlib.crc32(np.asarray(tokens).tobytes()),
+  }
+  run_identity = {
+      "optimizer": cfg.optimizer, "lr": lr, "steps": cfg.steps,
+      "warmup": cfg.warmup, "weight_decay": cfg.weight_decay, "clip": cfg.clip,
+      "b1": cfg.b1, "b2": cfg.b2, "model": dataclasses.asdict(model_cfg),
+  }
 
   # Resume.
   manager = _checkpoint_manager(ckpt_dir)
@@ -409,14 +421,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
   if cfg.resume and manager.latest_step() is not None:
     start_step = manager.latest_step()
     state, meta = _restore(manager, start_step, state, shardings)
-    if meta["data"] != {"seed": cfg.seed, "batch_size": cfg.batch_size, "seq_len": seq_len}:
+    if meta["data"] != data_identity:
       raise ValueError(
           f"--resume: the checkpoint's data stream {meta['data']} differs from "
-          f"this run's (seed={cfg.seed}, batch_size={cfg.batch_size}, "
-          f"seq_len={seq_len}); resume with the same settings."
+          f"this run's {data_identity}; resume with the same data settings."
       )
-    run = {"optimizer": cfg.optimizer, "lr": lr, "steps": cfg.steps, "warmup": cfg.warmup}
-    changed = {k: (meta.get("run", {}).get(k), v) for k, v in run.items()
+    changed = {k: (meta.get("run", {}).get(k), v) for k, v in run_identity.items()
                if meta.get("run", {}).get(k) != v}
     if changed:
       print(f"--resume: settings differ from the checkpointed run's {changed} "
@@ -493,9 +503,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     is_eval = done % cfg.eval_every == 0 or done == cfg.steps
     is_ckpt = done == cfg.steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)
     if is_eval or is_ckpt:
+      jax.block_until_ready(state)  # The step's compute is training time.
       t0 = time.perf_counter()
-      train_loss = float(np.mean(jax.device_get(train_losses))) if train_losses else None
       if is_eval:
+        train_loss = float(np.mean(jax.device_get(train_losses))) if train_losses else None
         val_loss = evaluate(eval_step, state, dataset, cfg.batch_size, cfg.eval_batches, put)
         metrics.append({
             "step": done, "tokens": tokens_seen, "train_loss": train_loss,
@@ -511,11 +522,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
       if is_ckpt:
         _save(manager, done, state, {
             "step": done, "tokens": tokens_seen,
-            "data": {"seed": cfg.seed, "batch_size": cfg.batch_size, "seq_len": seq_len},
+            "data": data_identity,
             "wall_time": elapsed_before + time.perf_counter() - t_start,
             "initial_val_loss": initial_val_loss,
-            "run": {"optimizer": cfg.optimizer, "lr": lr, "steps": cfg.steps,
-                    "warmup": cfg.warmup},
+            "run": run_identity,
         })
       step_t0 += time.perf_counter() - t0  # Evaluations and checkpoints are not training time.
   bar.close()
