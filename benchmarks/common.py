@@ -1,9 +1,8 @@
 """Shared helpers for the benchmarks: machine description and timing.
 
 Every results file says which machine, software, date and command produced
-it; :func:`machine_info` collects that once, :func:`header_lines` renders it
-as Markdown, and :func:`median_time` times a function the same way for every
-benchmark (warm-up, then the median of repeats).
+it; :func:`machine_info` collects that once and :func:`header_lines` renders
+it as Markdown.
 """
 
 from __future__ import annotations
@@ -12,12 +11,13 @@ import datetime
 import os
 import platform
 import shlex
-import statistics
+import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 import jax
+import optax
 
 __all__ = [
     "block",
@@ -25,7 +25,6 @@ __all__ = [
     "cpu_model",
     "header_lines",
     "machine_info",
-    "median_time",
 ]
 
 
@@ -64,13 +63,29 @@ def command_line() -> str:
   return "python " + " ".join([script] + [shlex.quote(a) for a in sys.argv[1:]])
 
 
+def git_commit() -> str:
+  """The short git commit of this checkout (``+dirty`` if modified), or ``?``."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  try:
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+        text=True, check=True, timeout=10).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return "?"
+  return commit + ("+dirty" if dirty else "")
+
+
 def machine_info() -> dict[str, Any]:
   """Describes the machine and software a benchmark runs on.
 
   Returns:
     A dict with ``date`` (UTC, ISO 8601), ``command``, ``cpu``, ``cores``,
     ``backend``, ``devices`` (kinds of JAX devices), ``jax``, ``jaxlib``,
-    ``python`` and ``xla_flags``.
+    ``optax``, ``commit`` (the repository's git commit), ``python`` and
+    ``xla_flags``.
 
   Examples:
     >>> info = machine_info()
@@ -90,6 +105,8 @@ def machine_info() -> dict[str, Any]:
       "devices": f"{len(devices)} x {devices[0].device_kind}",
       "jax": jax.__version__,
       "jaxlib": jaxlib.__version__,
+      "optax": optax.__version__,
+      "commit": git_commit(),
       "python": platform.python_version(),
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
   }
@@ -110,45 +127,13 @@ def header_lines(info: dict[str, Any] | None = None) -> list[str]:
       f"- Command: `{info['command']}`",
       f"- Machine: {info['cpu']}, {info['cores']} cores; JAX backend "
       f"`{info['backend']}` ({info['devices']})",
-      f"- Software: JAX {info['jax']} (jaxlib {info['jaxlib']}), Python "
-      f"{info['python']}" + (f"; XLA_FLAGS=`{info['xla_flags']}`"
-                             if info["xla_flags"] else ""),
+      f"- Software: JAX {info['jax']} (jaxlib {info['jaxlib']}), Optax "
+      f"{info.get('optax', '?')}, Python {info['python']}; commit "
+      f"{info.get('commit', '?')}" + (f"; XLA_FLAGS=`{info['xla_flags']}`"
+                                      if info["xla_flags"] else ""),
   ]
 
 
 def block(tree: Any) -> Any:
   """Waits for every array in ``tree`` (``jax.block_until_ready``)."""
   return jax.block_until_ready(tree)
-
-
-def median_time(fn: Callable[[], Any], *, warmup: int = 2,
-                repeats: int = 5) -> float:
-  """Median wall-clock seconds of ``fn()`` after ``warmup`` untimed calls.
-
-  ``fn`` must block on its own results (or return them: they are blocked
-  on here).
-
-  Args:
-    fn: the function to time, called with no arguments.
-    warmup: untimed calls first (compilation, caches).
-    repeats: timed calls; the median is returned.
-
-  Returns:
-    The median duration in seconds.
-
-  Examples:
-    >>> median_time(lambda: sum(range(100)), warmup=1, repeats=3) >= 0.0
-    True
-  """
-  if repeats < 1:
-    raise ValueError(f"repeats must be >= 1, got {repeats}.")
-  if warmup < 0:
-    raise ValueError(f"warmup must be >= 0, got {warmup}.")
-  for _ in range(warmup):
-    block(fn())
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    block(fn())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)

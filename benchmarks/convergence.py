@@ -53,16 +53,8 @@ SHAKESPEARE = os.path.join(os.path.dirname(_ROOT), "shared", "data",
 
 def builtin_corpus() -> bytes:
   """The example's built-in corpus: the stdlib's pydoc topics text."""
-  try:
-    import data as data_lib  # pylint: disable=g-import-not-at-top
-    for fn in ("builtin_text", "default_text", "load_text", "load_corpus"):
-      if hasattr(data_lib, fn):
-        text = getattr(data_lib, fn)()
-        return text if isinstance(text, bytes) else text.encode("utf-8")
-  except ImportError:
-    pass
-  from pydoc_data import topics  # pylint: disable=g-import-not-at-top
-  return "\n\n".join(topics.topics[k] for k in sorted(topics.topics)).encode()
+  import data as data_lib  # pylint: disable=g-import-not-at-top
+  return data_lib.default_corpus().encode("utf-8")
 
 
 def load_dataset(name: str) -> np.ndarray:
@@ -118,7 +110,7 @@ def make_optimizer(name: str, lr: float, total_steps: int, **foam_kwargs
   * ``adamw``: betas (0.9, 0.95), eps 1e-8, no weight decay (paper recipe).
   * ``adafactor``: Optax defaults (factored second moment, no momentum,
     update clipping 1, relative step scaled by parameter RMS).
-  * ``lion``: Optax defaults (betas 0.9, 0.99), no weight decay.
+  * ``lion``: Optax defaults (betas 0.9, 0.99, weight decay 1e-3).
   * ``muon``: Optax defaults (beta 0.95, Nesterov, 5 Newton-Schulz steps) on
     the hidden matrices; embeddings, head and norms get its Adam at the same
     lr.

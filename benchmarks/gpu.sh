@@ -22,6 +22,8 @@ SCALE=$(( TINY ? 4 : 1 ))
 lim() { echo $(( $1 * SCALE )); }
 LOG="$OUT/gpu_log.txt"
 say() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
+failed=0
+fail() { failed=$((failed + 1)); say "$@"; }
 
 {
   date -u; nvidia-smi --query-gpu=name,memory.total --format=csv 2>/dev/null
@@ -48,21 +50,23 @@ fi
 
 say "1. step time"
 timeout "$(lim 140)" python benchmarks/step_time.py "${STEP_ARGS[@]}" \
-  --out "$OUT/step_time_gpu.md" >> "$LOG" 2>&1 || say "step time: rc $?"
+  --out "$OUT/step_time_gpu.md" >> "$LOG" 2>&1 || fail "step time: rc $?"
 
 say "2. memory (compiled on this device)"
 timeout "$(lim 140)" python benchmarks/memory.py "${MEM_ARGS[@]}" --out "$OUT/memory" \
-  >> "$LOG" 2>&1 || say "memory: rc $?"
+  >> "$LOG" 2>&1 || fail "memory: rc $?"
 
 say "3. real peak bytes in use"
 for pair in "${PEAK_CONFIGS[@]}"; do
   timeout "$(lim 50)" python benchmarks/memory.py "${PEAK_ARGS[@]}" --device-peak "$pair" \
-    2>> "$LOG" | tail -n 1 >> "$OUT/device_peaks.jsonl" || say "peak $pair: rc $?"
+    2>> "$LOG" | tail -n 1 >> "$OUT/device_peaks.jsonl" || fail "peak $pair: rc $?"
 done
 
 say "4. convergence"
 timeout "$(lim 150)" python benchmarks/convergence.py "${CONV_ARGS[@]}" \
-  --out "$OUT/convergence" >> "$LOG" 2>&1 || say "convergence: rc $?"
+  --out "$OUT/convergence" >> "$LOG" 2>&1 || fail "convergence: rc $?"
 
 say "done"
 ls -R "$OUT" >> "$LOG"
+say "$failed piece(s) failed"
+exit "$failed"

@@ -638,10 +638,11 @@ def render(results) -> str:
             if r["optimizer"].startswith("foam")
             and "peak_saving_fraction" in r]
     if kept:
+      verdict = (": the folded update adds no temporaries beyond AdamW's"
+                 if min(kept) > 0.99 else "")
       lines += ["", f"FOAM (levels 1-4 and Mini, every config) keeps "
                 f"{100 * min(kept):.1f}% to {100 * max(kept):.1f}% of its "
-                "analytic state saving in the compiled peak: the folded "
-                "update adds no temporaries beyond AdamW's."]
+                f"analytic state saving in the compiled peak{verdict}."]
     lines.append("")
 
   if results.get("fits"):

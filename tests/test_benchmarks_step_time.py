@@ -11,8 +11,6 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import step_time  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-import foam_jax  # pylint: disable=g-import-not-at-top,wrong-import-position
-
 
 def test_llama_params_match_the_declared_count_and_layout():
   shape = step_time.SHAPES["1m"]
@@ -40,10 +38,10 @@ def test_quick_run_writes_a_report_with_ratios_to_adamw(tmp_path):
   (res,) = results["step"]
   rows = {r["optimizer"]: r for r in res["rows"]}
   assert list(rows) == ["adamw", "foam-l2", "foam-mini"]
-  assert rows["adamw"]["ratio_to_adamw"] == pytest.approx(1.0)
   for r in rows.values():
     assert r["median_ms"] > 0 and len(r["times_ms"]) == 2
-    assert r["effective_gbps"] > 0
+    assert r["ratio_to_adamw"] == pytest.approx(
+        r["median_ms"] / rows["adamw"]["median_ms"])
   # Byte accounting: AdamW keeps two param-sized moments, FOAM fewer.
   assert rows["adamw"]["state_bytes"] == 2 * res["param_bytes"] + 4  # + count
   assert rows["foam-l2"]["state_bytes"] < 0.6 * rows["adamw"]["state_bytes"]
@@ -61,8 +59,3 @@ def test_unknown_names_are_rejected():
   with pytest.raises(ValueError, match="--optimizers"):
     step_time.main(["--quick", "--optimizers", "sgd"])
 
-
-def test_state_bytes_agree_with_the_library():
-  params = step_time.llama_params(step_time.SHAPES["1m"], jnp.float32)
-  tx = step_time.optimizers()["foam-l2"]()
-  assert foam_jax.tree_bytes(tx.init(params)) == foam_jax.state_bytes(tx, params)
