@@ -41,7 +41,8 @@ import foam_jax
 import model as model_lib  # examples/llama
 from benchmarks import common
 
-OPTIMIZERS = ("adamw", "adafactor", "lion", "muon", "foam", "foam_mini")
+OPTIMIZERS = ("adamw", "adafactor", "lion", "muon", "galore", "foam",
+              "foam_mini")
 SHAKESPEARE = os.path.join(os.path.dirname(_ROOT), "shared", "data",
                            "tinyshakespeare.txt")
 
@@ -91,19 +92,27 @@ def train_windows(train: np.ndarray, batch: int, seq_len: int,
 # --------------------------------------------------------------------------
 
 
-def _matrices_only(params):
-  """Muon's dimension numbers: matrices except embeddings and the head."""
+def _matrices_only(dimension_numbers):
+  """Dimension numbers for Muon or GaLore: hidden matrices only.
 
-  def choose(path, x):
-    name = jax.tree_util.keystr(path).lower()
-    if x.ndim == 2 and "embed" not in name and "lm_head" not in name:
-      return optax_contrib.MuonDimensionNumbers(0, 1)
-    return None
+  The same matrices FOAM folds; embeddings, the head and norms get the
+  optimizer's Adam fallback.
+  """
 
-  return jax.tree_util.tree_map_with_path(choose, params)
+  def fn(params):
+    def choose(path, x):
+      name = jax.tree_util.keystr(path).lower()
+      if x.ndim == 2 and "embed" not in name and "lm_head" not in name:
+        return dimension_numbers(0, 1)
+      return None
+
+    return jax.tree_util.tree_map_with_path(choose, params)
+
+  return fn
 
 
-def make_optimizer(name: str, lr: float, total_steps: int, **foam_kwargs
+def make_optimizer(name: str, lr: float, total_steps: int, *,
+                   hidden_size: int = 128, **foam_kwargs
                    ) -> optax.GradientTransformation:
   """Optimizer ``name`` with peak lr ``lr`` on :func:`foam_jax.paper_schedule`.
 
@@ -114,6 +123,11 @@ def make_optimizer(name: str, lr: float, total_steps: int, **foam_kwargs
   * ``muon``: Optax defaults (beta 0.95, Nesterov, 5 Newton-Schulz steps) on
     the hidden matrices; embeddings, head and norms get its Adam at the same
     lr.
+  * ``galore``: the GaLore paper's recipe on the same matrices: rank
+    ``hidden_size / 4`` (its 128 at width 512), scale 0.25, Adam with
+    AdamW's betas here in the subspace; the projection is refreshed every
+    ``total_steps / 4`` steps (the paper's 200 is for runs of 10k+ steps:
+    Optax's default 200 would fix one subspace for a whole 200-step run).
   * ``foam``: the paper's recipe: level 2, alpha 0.25, betas (0.9, 0.95);
     ``foam_kwargs`` override it (the ablation).
   * ``foam_mini``: the same with the whole fold axis as one block.
@@ -126,8 +140,15 @@ def make_optimizer(name: str, lr: float, total_steps: int, **foam_kwargs
   if name == "lion":
     return optax.lion(sched)
   if name == "muon":
-    return optax_contrib.muon(sched,
-                              muon_weight_dimension_numbers=_matrices_only)
+    return optax_contrib.muon(sched, muon_weight_dimension_numbers=(
+        _matrices_only(optax_contrib.MuonDimensionNumbers)))
+  if name == "galore":
+    return optax_contrib.galore(
+        sched, rank=max(1, hidden_size // 4),
+        update_proj_gap=max(1, total_steps // 4), scale=0.25,
+        base_optimizer=optax.scale_by_adam(b1=0.9, b2=0.95, eps=1e-8),
+        weight_dimension_numbers=_matrices_only(
+            optax_contrib.GaLoreDimensionNumbers))
   if name in ("foam", "foam_mini"):
     kw = dict(b1=0.9, b2=0.95, alpha=0.25)
     kw.update(foam_kwargs)
@@ -152,7 +173,7 @@ def model_config(name: str, seq_len: int, **overrides):
 _COMPILED: dict[Any, Any] = {}
 
 
-def _compiled(spec, graphdef, params, vb):
+def _compiled(spec, graphdef, params, vb, hidden_size):
   """The compiled train step and eval for ``spec``'s shapes and optimizer.
 
   Every optimizer here is linear in its peak learning rate (the update is
@@ -167,7 +188,7 @@ def _compiled(spec, graphdef, params, vb):
   if key in _COMPILED:
     return _COMPILED[key]
   tx = make_optimizer(spec["optimizer"], 1.0, spec["steps"],
-                      **spec.get("foam", {}))
+                      hidden_size=hidden_size, **spec.get("foam", {}))
 
   def loss_fn(p, tokens_BT):
     logits_BTV = nnx.merge(graphdef, p)(tokens_BT[:, :-1])
@@ -208,7 +229,8 @@ def train_run(spec: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
   train, val = data["train"], data["val"]
   b, t = spec["batch"], spec["seq_len"]
   vb = jnp.asarray(val_batches(val, spec.get("val_batches", 4), b, t))
-  tx, step_c, eval_c = _compiled(spec, graphdef, params, vb)
+  tx, step_c, eval_c = _compiled(spec, graphdef, params, vb,
+                                 config.hidden_size)
   opt_state = tx.init(params)
   lr = jnp.float32(spec["lr"])
 
@@ -284,6 +306,45 @@ def best_lr(store, base, optimizer, lrs):
   return min(scored)[1] if scored else None
 
 
+# Half-decade learning rates: where a grid is extended past its ends.
+LR_LADDER = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)
+
+
+def _ladder_step(lr: float, direction: int) -> float | None:
+  i = min(range(len(LR_LADDER)),
+          key=lambda k: abs(math.log(LR_LADDER[k] / lr)))
+  j = i + direction
+  return LR_LADDER[j] if 0 <= j < len(LR_LADDER) else None
+
+
+def tuned_grid(store, base, optimizer, lrs, extend, run=None):
+  """The lr grid ``optimizer`` was tuned on: ``lrs``, extended at its edges.
+
+  While the best lr (seed 0) is at an end of the grid, the next half-decade
+  value beyond that end is added, at most ``extend`` times: the same rule
+  for every optimizer, so none is judged at a learning rate that is only
+  best because the grid stopped there. ``run(lr)`` trains a missing point;
+  without it (the report) the grid stops at the first point not run.
+  """
+  grid = sorted(lrs)
+  if run is not None:
+    for lr in grid:
+      run(lr)
+  for _ in range(extend):
+    best = best_lr(store, base, optimizer, grid)
+    if best is None or best not in (grid[0], grid[-1]) or len(grid) < 2:
+      break
+    new = _ladder_step(best, 1 if best == grid[-1] else -1)
+    if new is None:
+      break
+    if store.get({**base, "optimizer": optimizer, "lr": new, "seed": 0}) is None:
+      if run is None:
+        break
+      run(new)
+    grid = sorted(grid + [new])
+  return grid
+
+
 def execute(store, spec, data, log):
   if store.get(spec) is not None:
     return store.get(spec)
@@ -333,26 +394,27 @@ def run_plan(p, store, log, only=None):
   datasets = {}
   for kind, base, opt in plan_phases(p, only):
     lrs = suite_setting(p, base["model"], "lrs")
+    extend = p.get("extend_edges", 0)
     if base["dataset"] not in datasets:
       tr, va = split(load_dataset(base["dataset"]))
       datasets[base["dataset"]] = {"train": tr, "val": va}
     data = datasets[base["dataset"]]
+    point = lambda lr, seed, foam=None, o=opt, b=base: {
+        **b, "optimizer": o, "lr": lr, "seed": seed, "foam": foam or {}}
     if kind == "grid":
-      fixed = p.get("fixed_lr", {}).get(opt)
-      for lr in [fixed] if fixed else lrs:
-        execute(store, {**base, "optimizer": opt, "lr": lr, "seed": 0},
-                data, log)
+      tuned_grid(store, base, opt, lrs, extend,
+                 run=lambda lr: execute(store, point(lr, 0), data, log))
     elif kind == "seeds":
-      lr = best_lr(store, base, opt, lrs)
+      lr = best_lr(store, base, opt, tuned_grid(store, base, opt, lrs, extend))
       seeds = suite_setting(p, base["model"], "seeds")
       for seed in range(1, seeds) if lr is not None else ():
-        execute(store, {**base, "optimizer": opt, "lr": lr, "seed": seed},
-                data, log)
+        execute(store, point(lr, seed), data, log)
     else:
-      lr = best_lr(store, base, "foam", lrs)
+      lr = best_lr(store, base, "foam",
+                   tuned_grid(store, base, "foam", lrs, extend))
       for change in p.get("ablation_changes", ABLATION):
-        execute(store, {**base, "optimizer": "foam", "lr": lr, "seed": 0,
-                        "foam": change}, data, log)
+        execute(store, point(lr, 0, change, "foam"), data, log)
+
 
 def _runs_for(data, model, dataset):
   return [r for r in data["runs"].values()
@@ -393,14 +455,16 @@ def summarize(data, plan):
               **plan["shape"][model_name], "evals": plan["evals"], "foam": {}}
       rows = []
       for opt in opts:
+        lrs = tuned_grid(_View(data), base, opt,
+                         suite_setting(plan, model_name, "lrs"),
+                         plan.get("extend_edges", 0))
         grid = {r["lr"]: r["final_val_loss"] for r in plain
-                if r["optimizer"] == opt and r["seed"] == 0}
-        lr = best_lr(_View(data), base, opt,
-                     suite_setting(plan, model_name, "lrs"))
+                if r["optimizer"] == opt and r["seed"] == 0 and r["lr"] in lrs}
+        lr = best_lr(_View(data), base, opt, lrs)
         seeds = sorted((r for r in plain if r["optimizer"] == opt
                         and r["lr"] == lr), key=lambda r: r["seed"])
         mean, sd = _mean_sd([r["final_val_loss"] for r in seeds])
-        rows.append({"optimizer": opt, "grid": grid, "lr": lr,
+        rows.append({"optimizer": opt, "grid": grid, "lrs": lrs, "lr": lr,
                      "seeds": seeds, "mean": mean, "sd": sd,
                      "wall": _mean_sd([r["wall_s"] for r in seeds])[0]})
       adam = next((r for r in rows if r["optimizer"] == "adamw"), None)
@@ -464,9 +528,13 @@ def _commands(meta) -> list[str]:
   """Commands that produced the runs of a store, oldest first."""
   out = []
   while meta:
-    out.insert(0, meta["machine"]["command"])
+    m = meta["machine"]
+    if "--report-only" not in m["command"]:
+      out.insert(0, f"`{m['command']}` ({m['date']}, {m['cpu']})")
     for merged in meta.get("merged", []):
-      out.extend(merged)
+      # Older stores kept merged runs' commands as plain strings.
+      out.extend([f"`{c}`" for c in merged] if isinstance(merged, list)
+                 else _commands(merged))
     meta = meta.get("previous")
   return [c for c in dict.fromkeys(out) if "--report-only" not in c]
 
@@ -476,14 +544,18 @@ def write_report(data, plan, out):
   meta = data["meta"]
   lines = ["# Convergence benchmark", ""]
   lines += common.header_lines(meta["machine"])
-  lines += ["- Runs produced by (resumed/parallel, same machine): "
-            + "; ".join(f"`{c}`" for c in _commands(meta)), ""]
+  lines += ["- Runs produced by (resumed or in parallel; each command with "
+            "the date and CPU it started on): "
+            + "; ".join(_commands(meta)), ""]
   lines += [
       "Byte-level LLaMA (the example's presets with vocabulary 256, float32, "
       "no remat) trained with next-byte cross-entropy on random windows of "
       "the first 90% of each corpus, validated on fixed windows of the last "
       "10%. Every optimizer gets the same peak-lr grid "
-      f"{plan['lrs']} on the same schedule (`foam_jax.paper_schedule`: 10% "
+      f"{plan['lrs']}, extended by the next half-decade value past an end "
+      "while its best lr is at that end (at most "
+      f"{plan.get('extend_edges', 0)} times; the same rule for all), on the "
+      "same schedule (`foam_jax.paper_schedule`: 10% "
       "linear warmup, cosine to 0.1x), its other settings from its docs "
       "(see `make_optimizer` in `benchmarks/convergence.py`; FOAM: the "
       "paper's level 2, alpha 0.25, betas 0.9/0.95); best lr on seed 0's "
@@ -491,10 +563,14 @@ def write_report(data, plan, out):
       + "".join(f"({m}: lr grid {o.get('lrs', plan['lrs'])}, "
                 f"{o.get('seeds', plan['seeds'])} seed(s)) "
                 for m, o in plan.get("per_model", {}).items()) +
-      "(seed = init + data order). Wall-clock is training steps only, on a "
-      "CPU shared with other jobs whose load changed during the runs (the "
-      "same run took 20-180 s), so the wall-clock column and plots are no "
-      "speed comparison; `results/step_time.md` measures speed.", ""]
+      "(seed = init + data order). Wall-clock is training steps only. The "
+      "tiny grids ran on a CPU shared with other jobs whose load changed "
+      "(the same run took 20-180 s); the 20m suites and the tiny grid "
+      "extensions ran as two single-threaded processes side by side "
+      "(`XLA_FLAGS=\"--xla_cpu_multi_thread_eigen=false "
+      "intra_op_parallelism_threads=1\"`, one per corpus). The wall-clock "
+      "column and plots are therefore no speed comparison; "
+      "`results/step_time.md` measures speed.", ""]
   for suite in summarize(data, plan):
     model_name, dataset = suite["model"], suite["dataset"]
     shape = plan["shape"][model_name]
@@ -503,7 +579,7 @@ def write_report(data, plan, out):
       lines += [f"## {model_name} on {dataset}", "", "Not run (time).", ""]
       continue
     tokens = shape["steps"] * shape["batch"] * shape["seq_len"]
-    lrs = suite_setting(plan, model_name, "lrs")
+    lrs = sorted({lr for r in suite["rows"] for lr in r["lrs"]})
     params = done[0]["seeds"][0]["params"]
     lines += [f"## {model_name} ({params / 1e6:.2f}M weights) on {dataset}",
               "", f"{shape['steps']} steps x {shape['batch']} x "
@@ -516,15 +592,23 @@ def write_report(data, plan, out):
       cells = []
       for lr in lrs:
         v = r["grid"].get(lr)
-        cell = "not run" if lr not in r["grid"] else (
-            "diverged" if v is None else f"{v:.3f}")
+        if lr not in r["lrs"]:
+          cell = "-"
+        elif lr not in r["grid"]:
+          cell = "not run"
+        else:
+          cell = "diverged" if v is None else f"{v:.3f}"
         cells.append(f"**{cell}**" if lr == r["lr"] else cell)
       lines.append(f"| {r['optimizer']} | " + " | ".join(cells) + " |")
-    if any(r["lr"] in (lrs[0], lrs[-1]) for r in done if len(lrs) > 2):
-      lines += ["", "\"(grid edge)\": the best lr is at an end of the grid, "
-                "so a wider grid might improve that optimizer further."]
+    if any(lr not in r["lrs"] for r in suite["rows"] for lr in lrs):
+      lines += ["", "\"-\": outside that optimizer's grid (its best lr was "
+                "not at that end, so its grid was not extended there)."]
+    if any(r["lr"] in (r["lrs"][0], r["lrs"][-1]) for r in done):
+      lines += ["", "\"(grid edge)\": the best lr is still at an end of the "
+                "grid after the extensions, so a wider grid might improve "
+                "that optimizer further."]
     short = [r["optimizer"] for r in suite["rows"]
-             if 0 < len(r["grid"]) < len(lrs)]
+             if r["grid"] and any(lr not in r["grid"] for lr in r["lrs"])]
     if short:
       lines += ["", f"Grid incomplete for {', '.join(short)} (time ran "
                 "out): their \"best lr\" is the best of the points run, not "
@@ -535,7 +619,7 @@ def write_report(data, plan, out):
               "per run |", "|---|---|---|---|---|---|---|"]
     adam = next((r for r in done if r["optimizer"] == "adamw"), None)
     for r in done:
-      edge = (" (grid edge)" if r["lr"] in (lrs[0], lrs[-1])
+      edge = (" (grid edge)" if r["lr"] in (r["lrs"][0], r["lrs"][-1])
               else "")
       diff = ("" if adam is None or r is adam
               else f"{r['mean'] - adam['mean']:+.3f}")
@@ -550,7 +634,7 @@ def write_report(data, plan, out):
       lines += ["", f"FOAM (paper recipe) {foam['mean']:.3f} +- "
                 f"{foam['sd']:.3f} ({len(foam['seeds'])} seeds, lr "
                 f"{foam['lr']:g}) vs "
-                + ("tuned AdamW" if len(adam["grid"]) == len(lrs)
+                + ("tuned AdamW" if all(lr in adam["grid"] for lr in adam["lrs"])
                    else "AdamW (not tuned here)")
                 + f" {adam['mean']:.3f} +- "
                 f"{adam['sd']:.3f} ({len(adam['seeds'])} seeds, lr "
@@ -592,18 +676,20 @@ def write_report(data, plan, out):
 FULL_PLAN = {
     # (model, datasets, optimizers) in order of importance.
     "suites": [
+        ("20m", ["shakespeare", "builtin"],
+         ("adamw", "foam", "foam_mini", "lion", "adafactor", "muon",
+          "galore")),
         ("tiny", ["shakespeare", "builtin"],
-         ("adamw", "foam", "foam_mini", "lion", "adafactor", "muon")),
-        ("20m", ["shakespeare"], ("adamw", "foam")),
+         ("adamw", "foam", "foam_mini", "lion", "adafactor", "muon",
+          "galore")),
     ],
     "shape": {"tiny": {"steps": 200, "batch": 8, "seq_len": 128},
               "20m": {"steps": 200, "batch": 8, "seq_len": 128}},
     "lrs": [3e-4, 1e-3, 3e-3, 1e-2, 3e-2],
+    "extend_edges": 2,
     "seeds": 3,
     "evals": 5,
     "ablation": ("tiny", "shakespeare"),
-    # 20m costs ~4x tiny per run: only the two grid points that won on tiny.
-    "per_model": {"20m": {"lrs": [3e-3, 1e-2], "seeds": 1}},
 }
 
 QUICK_PLAN = {
@@ -613,6 +699,7 @@ QUICK_PLAN = {
                                            "intermediate_size": 64,
                                            "num_heads": 2}}},
     "lrs": [1e-3, 1e-2],
+    "extend_edges": 1,
     "seeds": 2,
     "evals": 2,
     "ablation": ("tiny", "builtin"),
@@ -630,16 +717,7 @@ GPU_PLAN = {
     "ablation": (None, None),
 }
 
-# When the full plan has no time left for 20m: one run each at the lr that
-# won on tiny (not a tuned comparison; the report says so).
-CHECK_20M_PLAN = {
-    **FULL_PLAN,
-    "suites": [("20m", ["shakespeare"], ("adamw", "foam"))],
-    "fixed_lr": {"adamw": 3e-3, "foam": 1e-2},
-}
-
-PLANS = {"full": FULL_PLAN, "quick": QUICK_PLAN, "gpu": GPU_PLAN,
-         "20m_check": CHECK_20M_PLAN}
+PLANS = {"full": FULL_PLAN, "quick": QUICK_PLAN, "gpu": GPU_PLAN}
 
 
 def main(argv=None):
@@ -668,8 +746,7 @@ def main(argv=None):
     with open(path) as f:
       other = json.load(f)
     store.data["runs"].update(other["runs"])
-    store.data["meta"].setdefault("merged", []).append(
-        _commands(other["meta"]))
+    store.data["meta"].setdefault("merged", []).append(other["meta"])
   if args.merge:
     store.put_all()
   if not args.report_only:

@@ -106,8 +106,20 @@ def test_convergence_quick_mode_trains_and_reports(tmp_path):
   data = convergence.main(["--quick", "--out", str(tmp_path)])
   runs = list(data["runs"].values())
   plan = convergence.QUICK_PLAN
-  grid = [r for r in runs if r["seed"] == 0 and not r["foam"]]
-  assert len(grid) == len(plan["lrs"]) * len(plan["suites"][0][2])
+  for opt in plan["suites"][0][2]:
+    grid = {r["lr"]: r["final_val_loss"] for r in runs
+            if r["optimizer"] == opt and r["seed"] == 0 and not r["foam"]}
+    # Every optimizer ran the whole base grid ...
+    assert set(plan["lrs"]) <= set(grid), (opt, grid)
+    # ... and one point past an end exactly when its best was at that end.
+    base_best = min(plan["lrs"], key=grid.get)
+    at_edge = base_best in (min(plan["lrs"]), max(plan["lrs"]))
+    assert len(grid) == len(plan["lrs"]) + (1 if at_edge else 0), (opt, grid)
+    # Its extra seeds ran at the best lr of the extended grid.
+    best = min(grid, key=grid.get)
+    seeds = {r["seed"] for r in runs if r["optimizer"] == opt
+             and r["lr"] == best and not r["foam"]}
+    assert seeds == set(range(plan["seeds"])), (opt, best, seeds)
   for r in runs:
     # Training beats the uniform byte model (loss ln 256) in a few steps.
     assert r["final_val_loss"] < math.log(256), r
