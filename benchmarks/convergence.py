@@ -40,6 +40,7 @@ import configs as configs_lib  # examples/llama
 import foam_jax
 import model as model_lib  # examples/llama
 from benchmarks import common
+from benchmarks import memory as memory_bench
 
 OPTIMIZERS = ("adamw", "adafactor", "lion", "muon", "galore", "foam",
               "foam_mini")
@@ -92,25 +93,6 @@ def train_windows(train: np.ndarray, batch: int, seq_len: int,
 # --------------------------------------------------------------------------
 
 
-def _matrices_only(dimension_numbers):
-  """Dimension numbers for Muon or GaLore: hidden matrices only.
-
-  The same matrices FOAM folds; embeddings, the head and norms get the
-  optimizer's Adam fallback.
-  """
-
-  def fn(params):
-    def choose(path, x):
-      name = jax.tree_util.keystr(path).lower()
-      if x.ndim == 2 and "embed" not in name and "lm_head" not in name:
-        return dimension_numbers(0, 1)
-      return None
-
-    return jax.tree_util.tree_map_with_path(choose, params)
-
-  return fn
-
-
 def make_optimizer(name: str, lr: float, total_steps: int, *,
                    hidden_size: int = 128, **foam_kwargs
                    ) -> optax.GradientTransformation:
@@ -141,13 +123,13 @@ def make_optimizer(name: str, lr: float, total_steps: int, *,
     return optax.lion(sched)
   if name == "muon":
     return optax_contrib.muon(sched, muon_weight_dimension_numbers=(
-        _matrices_only(optax_contrib.MuonDimensionNumbers)))
+        memory_bench.matrix_dims(optax_contrib.MuonDimensionNumbers)))
   if name == "galore":
     return optax_contrib.galore(
         sched, rank=max(1, hidden_size // 4),
         update_proj_gap=max(1, total_steps // 4), scale=0.25,
         base_optimizer=optax.scale_by_adam(b1=0.9, b2=0.95, eps=1e-8),
-        weight_dimension_numbers=_matrices_only(
+        weight_dimension_numbers=memory_bench.matrix_dims(
             optax_contrib.GaLoreDimensionNumbers))
   if name in ("foam", "foam_mini"):
     kw = dict(b1=0.9, b2=0.95, alpha=0.25)
@@ -357,11 +339,6 @@ def execute(store, spec, data, log):
   return result
 
 
-def suite_setting(plan, model_name, key):
-  """``plan[key]``, unless ``plan["per_model"][model_name]`` overrides it."""
-  return plan.get("per_model", {}).get(model_name, {}).get(key, plan[key])
-
-
 def plan_phases(p, only=None):
   """The phases of the benchmark, most important first.
 
@@ -393,7 +370,7 @@ ABLATION = (
 def run_plan(p, store, log, only=None):
   datasets = {}
   for kind, base, opt in plan_phases(p, only):
-    lrs = suite_setting(p, base["model"], "lrs")
+    lrs = p["lrs"]
     extend = p.get("extend_edges", 0)
     if base["dataset"] not in datasets:
       tr, va = split(load_dataset(base["dataset"]))
@@ -406,7 +383,7 @@ def run_plan(p, store, log, only=None):
                  run=lambda lr: execute(store, point(lr, 0), data, log))
     elif kind == "seeds":
       lr = best_lr(store, base, opt, tuned_grid(store, base, opt, lrs, extend))
-      seeds = suite_setting(p, base["model"], "seeds")
+      seeds = p["seeds"]
       for seed in range(1, seeds) if lr is not None else ():
         execute(store, point(lr, seed), data, log)
     else:
@@ -456,7 +433,7 @@ def summarize(data, plan):
       rows = []
       for opt in opts:
         lrs = tuned_grid(_View(data), base, opt,
-                         suite_setting(plan, model_name, "lrs"),
+                         plan["lrs"],
                          plan.get("extend_edges", 0))
         grid = {r["lr"]: r["final_val_loss"] for r in plain
                 if r["optimizer"] == opt and r["seed"] == 0 and r["lr"] in lrs}
@@ -529,8 +506,7 @@ def _commands(meta) -> list[str]:
   out = []
   while meta:
     m = meta["machine"]
-    if "--report-only" not in m["command"]:
-      out.insert(0, f"`{m['command']}` ({m['date']}, {m['cpu']})")
+    out.insert(0, f"`{m['command']}` ({m['date']}, {m['cpu']})")
     for merged in meta.get("merged", []):
       # Older stores kept merged runs' commands as plain strings.
       out.extend([f"`{c}`" for c in merged] if isinstance(merged, list)
@@ -560,9 +536,6 @@ def write_report(data, plan, out):
       "(see `make_optimizer` in `benchmarks/convergence.py`; FOAM: the "
       "paper's level 2, alpha 0.25, betas 0.9/0.95); best lr on seed 0's "
       f"final validation loss, then {plan['seeds']} seeds in all at that lr "
-      + "".join(f"({m}: lr grid {o.get('lrs', plan['lrs'])}, "
-                f"{o.get('seeds', plan['seeds'])} seed(s)) "
-                for m, o in plan.get("per_model", {}).items()) +
       "(seed = init + data order). Wall-clock is training steps only. The "
       "tiny grids ran on a CPU shared with other jobs whose load changed "
       "(the same run took 20-180 s); the 20m suites and the tiny grid "

@@ -170,7 +170,7 @@ def _is_matrix(path, leaf) -> bool:
   return leaf.ndim >= 2 and "embed" not in name and "lm_head" not in name
 
 
-def _matrix_dims(make: Callable[..., Any]) -> Callable[[Any], Any]:
+def matrix_dims(make: Callable[..., Any]) -> Callable[[Any], Any]:
   """A dimension-numbers callable: matrices get ``make(in_axis, out_axis)``."""
 
   def fn(params):
@@ -197,12 +197,12 @@ def make_optimizer(name: str, hidden: int, lr: float = 1e-3
     return optax.lion(lr)
   if name == "muon":
     return optax_contrib.muon(
-        lr, muon_weight_dimension_numbers=_matrix_dims(
+        lr, muon_weight_dimension_numbers=matrix_dims(
             optax_contrib.MuonDimensionNumbers))
   if name == "galore":
     return optax_contrib.galore(
         lr, rank=max(1, hidden // 4),
-        weight_dimension_numbers=_matrix_dims(
+        weight_dimension_numbers=matrix_dims(
             optax_contrib.GaLoreDimensionNumbers))
   if name.startswith("foam_l"):
     return foam_jax.foam(lr, fold_level=int(name[len("foam_l"):]))
