@@ -1,103 +1,38 @@
-"""Text corpora, tokenizers and seeded batches of fixed-length windows.
+"""Text corpora and a token stream served as seeded windows.
 
-* Corpus: by default the English documentation text that ships inside every
-  CPython installation (``pydoc_data.topics``: the help pages behind
-  ``help("if")`` and friends), so the demo needs no download. ``--data FILE``
-  reads any UTF-8 text file, ``--data-dir DIR`` every UTF-8 file under a
-  folder (sorted by path; files that are not UTF-8 are skipped and counted).
-* Tokenizer: bytes (vocabulary 256, nothing to download) or a SentencePiece
-  model (the LLaMA/T5 kind) with ``--tokenizer PATH``.
+* Corpora (``CORPORA``): ``builtin``, the English documentation text inside
+  every CPython installation (``pydoc_data.topics``: the help pages behind
+  ``help("if")``), so the demo needs no download; ``shakespeare``, Tiny
+  Shakespeare, shipped in ``corpora/``. ``--data FILE`` reads any UTF-8 text
+  file, ``--data-dir DIR`` every UTF-8 file under a folder (sorted by path;
+  files that are not UTF-8 are skipped and counted).
 * Split: the last ``val_fraction`` of the token stream is validation; the
-  rest is training. Deterministic.
-* Batches: training windows start at random offsets drawn from
-  ``numpy.random.default_rng((seed, step))``, so the batch of a step is a
-  pure function of ``(seed, step)``: a resumed run sees exactly the batches
-  an uninterrupted one would. Validation uses fixed, evenly spaced windows.
+  rest is training. Deterministic. ``TokenDataset.from_splits`` takes a split
+  made elsewhere.
+* Batches: training windows start at offsets drawn from a NumPy generator.
+  ``train_batch(batch_size, seed, step)`` draws from
+  ``numpy.random.default_rng((seed, step))``, so the batch of a step is a pure
+  function of ``(seed, step)``: a resumed run sees exactly the batches an
+  uninterrupted one would. Validation uses fixed, evenly spaced windows.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from typing import Protocol
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 __all__ = [
-    "ByteTokenizer",
-    "SentencePieceTokenizer",
-    "Tokenizer",
+    "CORPORA",
     "TokenDataset",
     "default_corpus",
-    "load_tokenizer",
+    "load_corpus",
     "read_corpus",
+    "shakespeare",
 ]
 
-
-class Tokenizer(Protocol):
-  vocab_size: int
-
-  def encode(self, text: str) -> np.ndarray: ...
-
-  def decode(self, ids) -> str: ...
-
-
-class ByteTokenizer:
-  """UTF-8 bytes as tokens: vocabulary 256, lossless, nothing to download.
-
-  Examples:
-    >>> tok = ByteTokenizer()
-    >>> ids = tok.encode("héllo")
-    >>> ids.tolist(), tok.decode(ids)
-    ([104, 195, 169, 108, 108, 111], 'héllo')
-  """
-
-  vocab_size = 256
-
-  def encode(self, text: str) -> np.ndarray:
-    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
-
-  def decode(self, ids) -> str:
-    return bytes(int(i) for i in np.asarray(ids).ravel()).decode(
-        "utf-8", errors="replace"
-    )
-
-
-class SentencePieceTokenizer:
-  """A SentencePiece model file (``.model``), e.g. LLaMA's or T5's.
-
-  Needs the optional ``sentencepiece`` package.
-
-  Raises:
-    ImportError: ``sentencepiece`` is not installed (the message says how to
-      install it).
-    FileNotFoundError: ``path`` does not exist.
-  """
-
-  def __init__(self, path: str):
-    if not os.path.isfile(path):
-      raise FileNotFoundError(f"--tokenizer: no SentencePiece model at {path!r}.")
-    try:
-      import sentencepiece  # pylint: disable=g-import-not-at-top
-    except ImportError:
-      raise ImportError(
-          "--tokenizer needs the optional 'sentencepiece' package: "
-          "`pip install sentencepiece` (or drop --tokenizer to use the "
-          "built-in byte tokenizer)."
-      ) from None
-    self._sp = sentencepiece.SentencePieceProcessor(model_file=path)
-    self.vocab_size = int(self._sp.get_piece_size())
-
-  def encode(self, text: str) -> np.ndarray:
-    return np.asarray(self._sp.encode(text), dtype=np.int32)
-
-  def decode(self, ids) -> str:
-    return self._sp.decode([int(i) for i in np.asarray(ids).ravel()])
-
-
-def load_tokenizer(path: str | None = None) -> Tokenizer:
-  """The byte tokenizer, or the SentencePiece model at ``path``."""
-  return ByteTokenizer() if path is None else SentencePieceTokenizer(path)
+_CORPORA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpora")
 
 
 def default_corpus() -> str:
@@ -114,6 +49,34 @@ def default_corpus() -> str:
   from pydoc_data import topics  # pylint: disable=g-import-not-at-top
 
   return "\n\n".join(topics.topics[key] for key in sorted(topics.topics))
+
+
+def shakespeare() -> str:
+  """Tiny Shakespeare (1.1 MB, public domain), shipped in ``corpora/``.
+
+  Examples:
+    >>> shakespeare()[:14]
+    'First Citizen:'
+  """
+  return _read_text_file(os.path.join(_CORPORA_DIR, "tinyshakespeare.txt"))
+
+
+CORPORA: dict[str, Callable[[], str]] = {
+    "builtin": default_corpus,
+    "shakespeare": shakespeare,
+}
+
+
+def load_corpus(name: str) -> str:
+  """The text of corpus ``name`` (a key of ``CORPORA``).
+
+  Examples:
+    >>> len(load_corpus("shakespeare"))
+    1115394
+  """
+  if name not in CORPORA:
+    raise ValueError(f"Unknown corpus {name!r}; choose one of {sorted(CORPORA)}.")
+  return CORPORA[name]()
 
 
 def _read_text_file(path: str) -> str:
@@ -170,7 +133,7 @@ def read_corpus(data: str | None = None, data_dir: str | None = None) -> str:
 
 
 class TokenDataset:
-  """A token stream split into train/validation, served as seeded windows.
+  """A token stream split into train/validation, served as windows.
 
   Args:
     tokens: 1-D integer token ids.
@@ -190,14 +153,30 @@ class TokenDataset:
     tokens = np.asarray(tokens)
     if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
       raise TypeError("tokens must be a 1-D array of integer token ids.")
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-      raise ValueError(f"seq_len must be a positive int, got {seq_len!r}.")
     if not 0.0 < val_fraction < 1.0:
       raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}.")
     n_val = int(len(tokens) * val_fraction)
+    self._set(tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :], seq_len)
+
+  @classmethod
+  def from_splits(cls, train, val, seq_len: int) -> TokenDataset:
+    """A dataset over a train/validation split made by the caller.
+
+    Examples:
+      >>> ds = TokenDataset.from_splits(np.arange(100), np.arange(20), seq_len=4)
+      >>> len(ds.train), len(ds.val)
+      (100, 20)
+    """
+    dataset = cls.__new__(cls)
+    dataset._set(np.asarray(train), np.asarray(val), seq_len)
+    return dataset
+
+  def _set(self, train: np.ndarray, val: np.ndarray, seq_len: int) -> None:
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+      raise ValueError(f"seq_len must be a positive int, got {seq_len!r}.")
     self.seq_len = seq_len
-    self.train = tokens[: len(tokens) - n_val].astype(np.int32)
-    self.val = tokens[len(tokens) - n_val :].astype(np.int32)
+    self.train = train.astype(np.int32)
+    self.val = val.astype(np.int32)
     for name, split in (("training", self.train), ("validation", self.val)):
       if len(split) < seq_len + 2:
         raise ValueError(
@@ -211,11 +190,14 @@ class TokenDataset:
     window = split[idx]
     return {"inputs": window[:, :-1], "targets": window[:, 1:]}
 
-  def train_batch(self, batch_size: int, seed: int, step: int) -> dict[str, np.ndarray]:
-    """The training batch of ``step``: a pure function of ``(seed, step)``."""
-    rng = np.random.default_rng((seed, step))
+  def sample_batch(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """``batch_size`` training windows at offsets drawn from ``rng``."""
     starts = rng.integers(0, len(self.train) - self.seq_len, size=batch_size)
     return self._windows(self.train, starts)
+
+  def train_batch(self, batch_size: int, seed: int, step: int) -> dict[str, np.ndarray]:
+    """The training batch of ``step``: a pure function of ``(seed, step)``."""
+    return self.sample_batch(batch_size, np.random.default_rng((seed, step)))
 
   def val_batches(self, batch_size: int, num_batches: int) -> Iterator[dict[str, np.ndarray]]:
     """``num_batches`` fixed batches of evenly spaced validation windows."""

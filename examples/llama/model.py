@@ -12,17 +12,13 @@ size, ``V`` vocabulary.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import configs as configs_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from examples.llama import configs as configs_lib
 
-__all__ = ["Llama", "SHARDING", "rope"]
+__all__ = ["Llama", "SHARDING", "abstract_params", "rope"]
 
 # Every weight's PartitionSpec over the mesh axes ("fsdp", "tp"), in one place.
 # Column-parallel kernels (D -> more) split their output over "tp";
@@ -153,8 +149,6 @@ class Llama(nnx.Module):
   """A LLaMA decoder: ``tokens (B, T) int -> logits (B, T, V) float32``.
 
   Examples:
-    >>> from flax import nnx
-    >>> import jax.numpy as jnp
     >>> cfg = configs_lib.get_config("tiny", num_layers=1, hidden_size=32,
     ...                              intermediate_size=64, num_heads=2)
     >>> with nnx.use_eager_sharding(False):
@@ -187,3 +181,19 @@ class Llama(nnx.Module):
     for block in self.layers:
       x_BTD = apply(block, x_BTD)
     return self.lm_head(self.norm(x_BTD)).astype(jnp.float32)
+
+
+def abstract_params(config: configs_lib.LlamaConfig) -> nnx.State:
+  """The weights of ``Llama(config)`` as ``jax.ShapeDtypeStruct``s, unallocated.
+
+  ``nnx.eval_shape`` traces the constructor: a 7B model's shapes take
+  milliseconds and no memory. The dtype is ``config.param_dtype``.
+
+  Examples:
+    >>> params = abstract_params(configs_lib.get_config("7b"))
+    >>> params["lm_head"]["kernel"].shape
+    (4096, 32000)
+  """
+  with nnx.use_eager_sharding(False):
+    model = nnx.eval_shape(lambda: Llama(config, rngs=nnx.Rngs(0)))
+  return nnx.state(model, nnx.Param)

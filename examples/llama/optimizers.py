@@ -1,102 +1,222 @@
-"""The optimizers the example compares, behind one ``make_optimizer`` call.
+"""The optimizer registry of the example and of every benchmark.
 
-Every optimizer runs on the paper's schedule (linear warmup over the first
-10% of steps, cosine decay to 0.1x the peak) with betas (0.9, 0.95) where it
-has them, no weight decay and no clipping unless asked. Default peak
-learning rates (``DEFAULT_LR``). ``foam`` and ``adamw`` were tuned on the
-``tiny`` demo (300 steps of 16 x 128 bytes; final validation loss, lower is
-better: foam 3e-3: 1.61, 1e-2: 1.30, 3e-2: 1.48; adamw 3e-4: 2.13, 1e-3:
-1.57, 3e-3: 1.85, 1e-2: 2.00); the others are their papers' usual values,
-not tuned here:
+One name per optimizer (``make_optimizer(name, ...)``), built the way Optax's
+``alias.py`` builds variants: a few builder functions and
+``functools.partial`` for each named setting of them.
 
-* ``foam``: the paper's recipe ``foam(lr, b2=0.95, alpha=0.25)``, level 2,
-  lr ``1e-2`` (folded matrices move at ``alpha * lr = 2.5e-3``; embeddings,
-  lm_head and norms at ``1e-2``).
-* ``foam_mini``: the same with every matrix folded to one value per output
-  feature (``foam_jax.foam_mini``), lr ``1e-2``.
-* ``adamw``: ``optax.adamw``, lr ``1e-3``.
-* ``adafactor``: ``optax.adafactor`` (factored second moment, relative step
-  via ``multiply_by_parameter_scale``), lr ``1e-2``.
-* ``lion``: ``optax.lion`` (b1 0.9, b2 0.99), lr ``3e-4`` (Lion wants a
-  3-10x smaller lr than AdamW: its sign update has unit size per entry).
-* ``muon``: ``optax.contrib.muon`` on the hidden matrices (lr ``2e-2``,
-  Newton-Schulz orthogonalised Nesterov momentum, beta 0.95); embeddings,
-  lm_head and 1-D leaves get AdamW at ``lr * 1e-3 / 2e-2`` (the ``adamw``
-  default when lr is Muon's default). Left alone, Optax's Muon would apply
-  Muon to every 2-D leaf, embeddings and lm_head included.
+* ``foam``: FOAM at fold level 2 along axis -2 (Flax's input axis), the
+  paper's recipe ``alpha=0.25``; ``foam_l{N}`` folds at level ``N``,
+  ``foam_l{N}_ax1`` along the last axis; ``foam_mini`` folds each matrix's
+  whole fold axis into one block (``foam_jax.foam_mini``).
+* ``adamw``, ``adafactor``, ``lion``: Optax's.
+* ``muon``: ``optax.contrib.muon`` on the hidden matrices; embeddings,
+  ``lm_head`` and 1-D leaves get its AdamW, at ``adam_lr_ratio`` times the
+  peak lr (default ``1e-3 / 2e-2``: the ``adamw`` default when lr is Muon's).
+* ``galore``: ``optax.contrib.galore`` on the same matrices, the GaLore
+  paper's recipe (rank ``hidden_size / 4``, scale 0.25, Adam in the
+  subspace, projection refreshed every quarter of the run).
+
+"Hidden matrices" are one rule for all: the leaves FOAM's default policy
+folds (``foam_jax.default_fold_specs``), which for Muon and GaLore must also
+be 2-D. Defaults follow the paper's pre-training (betas 0.9/0.95, no weight
+decay, the warmup + cosine ``foam_jax.paper_schedule``); callers override any
+setting by keyword. ``DEFAULT_LR``: ``foam`` and ``adamw`` were tuned on the
+``tiny`` demo (300 steps of 16 x 128 bytes, final validation loss; foam 3e-3:
+1.61, 1e-2: 1.30, 3e-2: 1.48; adamw 3e-4: 2.13, 1e-3: 1.57, 3e-3: 1.85,
+1e-2: 2.00); the others are their papers' usual values, not tuned here. Lion
+wants a 3-10x smaller lr than AdamW (its sign update has unit size).
 """
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import optax
+from optax import contrib as optax_contrib
 
 import foam_jax
 
-__all__ = ["DEFAULT_LR", "OPTIMIZERS", "make_optimizer"]
-
-DEFAULT_LR: dict[str, float] = {
-    "foam": 1e-2,
-    "foam_mini": 1e-2,
-    "adamw": 1e-3,
-    "adafactor": 1e-2,
-    "lion": 3e-4,
-    "muon": 2e-2,
-}
-OPTIMIZERS = tuple(DEFAULT_LR)
+__all__ = [
+    "DEFAULT_LR",
+    "FOAM_ALPHA",
+    "OPTIMIZERS",
+    "canonical_name",
+    "hidden_matrices",
+    "make_optimizer",
+    "schedule",
+]
 
 # FOAM's alpha in the paper's recipe (scales the folded matrices' updates).
 FOAM_ALPHA = 0.25
 
-
-def _is_adam_leaf(path) -> bool:
-  name = jax.tree_util.keystr(path).lower()
-  return "embed" in name or "lm_head" in name
+Schedule = Callable[[float], optax.ScalarOrSchedule]
 
 
-def _muon_dims(params):
-  """Muon for 2-D hidden matrices; AdamW for embeddings, lm_head, vectors."""
-  def choose(path, p):
-    if getattr(p, "ndim", 0) != 2 or _is_adam_leaf(path):
-      return None
-    return optax.contrib.MuonDimensionNumbers(reduction_axis=0, output_axis=1)
+def hidden_matrices(params: Any) -> Any:
+  """``True`` for the 2-D leaves FOAM's default policy folds, else ``False``.
 
-  return jax.tree_util.tree_map_with_path(choose, params)
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> hidden_matrices({"q_proj": jnp.zeros((8, 8)),
+    ...                  "embed_tokens": jnp.zeros((8, 8)), "norm": jnp.zeros(8)})
+    {'embed_tokens': False, 'norm': False, 'q_proj': True}
+  """
+  specs = foam_jax.default_fold_specs(params)
+  return jax.tree.map(
+      lambda spec, p: spec is not None and len(p.shape) == 2,
+      specs, params, is_leaf=lambda x: x is None)
 
 
-def schedule(peak: float, total_steps: int, warmup_fraction: float) -> optax.Schedule:
-  """The example's learning-rate schedule: the paper's warmup + cosine to 0.1x.
+def _dimension_numbers(make: Callable[[int, int], Any]) -> Callable[[Any], Any]:
+  """Muon/GaLore dimension numbers: ``make(0, 1)`` on hidden matrices only."""
+
+  def fn(params):
+    return jax.tree.map(lambda is_matrix: make(0, 1) if is_matrix else None,
+                        hidden_matrices(params))
+
+  return fn
+
+
+def schedule(peak: float, total_steps: int | None,
+             warmup_fraction: float = 0.1) -> optax.ScalarOrSchedule:
+  """The paper's warmup + cosine to 0.1x; a constant ``peak`` without steps.
 
   Examples:
     >>> round(float(schedule(1e-2, 100, 0.1)(10)), 6)
     0.01
+    >>> schedule(1e-3, None)
+    0.001
   """
+  if total_steps is None:
+    return peak
   return foam_jax.paper_schedule(peak, total_steps, warmup_fraction)
+
+
+# ----------------------------------------------------------------------------
+# Builders: (peak lr, lr -> schedule, settings) -> GradientTransformation.
+
+
+def _foam(lr, sched: Schedule, *, b1=0.9, b2=0.95, weight_decay=0.0, fold_level=2,
+          fold_axis=-2, alpha=FOAM_ALPHA, **foam_kwargs):
+  if fold_axis != -2:
+    foam_kwargs["fold_spec"] = _fold_along(fold_axis, fold_level)
+  return foam_jax.foam(sched(lr), b1=b1, b2=b2, weight_decay=weight_decay,
+                       fold_level=fold_level, alpha=alpha, **foam_kwargs)
+
+
+def _fold_along(axis: int, level: int) -> Callable[[Any], Any]:
+  """A fold-spec callable: the default policy's leaves, folded along ``axis``."""
+
+  def specs(params):
+    return jax.tree.map(
+        lambda s: None if s is None else foam_jax.FoldSpec(axis=axis, level=level),
+        foam_jax.default_fold_specs(params),
+        is_leaf=lambda x: x is None or isinstance(x, foam_jax.FoldSpec))
+
+  return specs
+
+
+def _foam_mini(lr, sched: Schedule, *, b1=0.9, b2=0.95, weight_decay=0.0,
+               alpha=FOAM_ALPHA, **foam_kwargs):
+  return foam_jax.foam_mini(sched(lr), b1=b1, b2=b2, weight_decay=weight_decay,
+                            alpha=alpha, **foam_kwargs)
+
+
+def _adamw(lr, sched: Schedule, *, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0):
+  return optax.adamw(sched(lr), b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+
+
+def _adafactor(lr, sched: Schedule, *, weight_decay=0.0):
+  return optax.adafactor(sched(lr), weight_decay_rate=weight_decay or None)
+
+
+def _lion(lr, sched: Schedule, *, b1=0.9, b2=0.99, weight_decay=0.0):
+  return optax.lion(sched(lr), b1=b1, b2=b2, weight_decay=weight_decay)
+
+
+def _muon(lr, sched: Schedule, *, b1=0.9, b2=0.95, weight_decay=0.0, beta=0.95,
+          adam_lr_ratio=None):
+  # Default: AdamW's default lr when lr is Muon's (written so, not as a
+  # rounded ratio, to keep the numbers of runs made before the registry).
+  adam_lr = (lr * DEFAULT_LR["adamw"] / DEFAULT_LR["muon"] if adam_lr_ratio is None
+             else lr * adam_lr_ratio)
+  return optax_contrib.muon(
+      sched(lr), beta=beta, weight_decay=weight_decay, adam_b1=b1, adam_b2=b2,
+      adam_weight_decay=weight_decay, adam_learning_rate=sched(adam_lr),
+      muon_weight_dimension_numbers=_dimension_numbers(
+          optax_contrib.MuonDimensionNumbers))
+
+
+def _galore(lr, sched: Schedule, *, rank: int, update_proj_gap: int, b1=0.9, b2=0.95,
+            eps=1e-8, scale=0.25):
+  return optax_contrib.galore(
+      sched(lr), rank=rank, update_proj_gap=update_proj_gap, scale=scale,
+      base_optimizer=optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+      weight_dimension_numbers=_dimension_numbers(optax_contrib.GaLoreDimensionNumbers))
+
+
+_BUILDERS: dict[str, Callable[..., optax.GradientTransformation]] = {
+    "foam": _foam,
+    **{f"foam_l{n}": functools.partial(_foam, fold_level=n) for n in (1, 3, 4)},
+    **{f"foam_l{n}_ax1": functools.partial(_foam, fold_level=n, fold_axis=-1)
+       for n in (1, 2, 3, 4)},
+    "foam_mini": _foam_mini,
+    "adamw": _adamw,
+    "adafactor": _adafactor,
+    "lion": _lion,
+    "muon": _muon,
+    "galore": _galore,
+}
+OPTIMIZERS = tuple(_BUILDERS)
+
+DEFAULT_LR: dict[str, float] = {
+    **{name: 1e-2 for name in OPTIMIZERS if name.startswith("foam")},
+    "adamw": 1e-3,
+    "adafactor": 1e-2,
+    "lion": 3e-4,
+    "muon": 2e-2,
+    "galore": 1e-2,
+}
+
+
+def canonical_name(name: str) -> str:
+  """Today's registry name for a name in older results files.
+
+  Examples:
+    >>> [canonical_name(n) for n in ("foam_l2", "foam-l2", "foam-mini",
+    ...                              "foam-l3-ax-1", "adamw")]
+    ['foam', 'foam', 'foam_mini', 'foam_l3_ax1', 'adamw']
+  """
+  name = re.sub(r"[-_]ax-1$", "_ax1", name).replace("-", "_")
+  return "foam" if name == "foam_l2" else name
 
 
 def make_optimizer(
     name: str,
-    learning_rate: float | None,
-    total_steps: int,
+    learning_rate: float | None = None,
+    total_steps: int | None = None,
     *,
     warmup_fraction: float = 0.1,
-    weight_decay: float = 0.0,
     clip: float = 0.0,
-    b1: float = 0.9,
-    b2: float = 0.95,
+    hidden_size: int | None = None,
+    **settings: Any,
 ) -> optax.GradientTransformation:
-  """An optimizer by name, on the paper's warmup + cosine schedule.
+  """An optimizer of the registry by name.
 
   Args:
-    name: one of ``foam, foam_mini, adamw, adafactor, lion, muon``.
+    name: one of ``OPTIMIZERS``.
     learning_rate: the peak learning rate; ``None`` takes ``DEFAULT_LR[name]``.
-    total_steps: the run's length (the schedule's horizon).
+    total_steps: the run's length: the lr follows ``foam_jax.paper_schedule``
+      over it; ``None`` keeps the lr constant.
     warmup_fraction: fraction of the steps spent in linear warmup.
-    weight_decay: decoupled weight decay (0 in the paper's pre-training).
     clip: clip gradients to this global norm first; ``0`` disables.
-    b1: first-moment decay (Lion's interpolation factor).
-    b2: second-moment decay (ignored by adafactor; Lion uses 0.99).
+    hidden_size: the model's width; GaLore's rank is a quarter of it.
+    **settings: the builder's other settings (``b1``, ``b2``, ``weight_decay``,
+      FOAM's ``alpha``, ``residual_scale``, ..., Muon's ``adam_lr_ratio``).
 
   Returns:
     An ``optax.GradientTransformation``.
@@ -106,49 +226,33 @@ def make_optimizer(
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> tx = make_optimizer("foam", None, total_steps=100)
-    >>> state = tx.init({"w": jnp.zeros((8, 4))})
+    >>> tx = make_optimizer("foam", total_steps=100)
+    >>> tx.init({"w": jnp.zeros((8, 4))})[0].mu["w"].shape
+    (2, 4)
   """
-  if name not in DEFAULT_LR:
+  if name not in _BUILDERS:
     raise ValueError(f"Unknown optimizer {name!r}; choose one of {OPTIMIZERS}.")
   lr = DEFAULT_LR[name] if learning_rate is None else learning_rate
   if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0:
     raise ValueError(f"learning_rate must be a positive number, got {lr!r}.")
-  if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+  if total_steps is not None and (
+      isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1):
     raise ValueError(f"total_steps must be a positive int, got {total_steps!r}.")
   if not 0.0 <= warmup_fraction <= 1.0:
     raise ValueError(f"warmup_fraction must be in [0, 1], got {warmup_fraction!r}.")
-  if weight_decay < 0:
-    raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}.")
+  if settings.get("weight_decay", 0.0) < 0:
+    raise ValueError(f"weight_decay must be >= 0, got {settings['weight_decay']!r}.")
   if clip < 0:
     raise ValueError(f"clip must be >= 0 (0 disables), got {clip!r}.")
+  if name == "galore":
+    if hidden_size is None and "rank" not in settings:
+      raise ValueError("galore needs hidden_size (its rank is hidden_size // 4).")
+    settings.setdefault("rank", max(1, (hidden_size or 0) // 4))
+    # Optax's 200 steps would fix one subspace for a whole short run.
+    settings.setdefault("update_proj_gap", max(1, total_steps // 4) if total_steps else 200)
 
-  sched = schedule(lr, total_steps, warmup_fraction)
-  if name == "foam":
-    tx = foam_jax.foam(sched, b1=b1, b2=b2, weight_decay=weight_decay,
-                       alpha=FOAM_ALPHA)
-  elif name == "foam_mini":
-    tx = foam_jax.foam_mini(sched, b1=b1, b2=b2, weight_decay=weight_decay,
-                            alpha=FOAM_ALPHA)
-  elif name == "adamw":
-    tx = optax.adamw(sched, b1=b1, b2=b2, weight_decay=weight_decay)
-  elif name == "adafactor":
-    tx = optax.adafactor(sched, weight_decay_rate=weight_decay or None)
-  elif name == "lion":
-    tx = optax.lion(sched, b1=b1, b2=0.99, weight_decay=weight_decay)
-  else:  # muon
-    tx = optax.contrib.muon(
-        sched,
-        beta=0.95,
-        weight_decay=weight_decay,
-        adam_b1=b1,
-        adam_b2=b2,
-        adam_weight_decay=weight_decay,
-        adam_learning_rate=schedule(
-            lr * DEFAULT_LR["adamw"] / DEFAULT_LR["muon"], total_steps,
-            warmup_fraction),
-        muon_weight_dimension_numbers=_muon_dims,
-    )
+  tx = _BUILDERS[name](lr, lambda peak: schedule(peak, total_steps, warmup_fraction),
+                       **settings)
   if clip > 0:
     tx = optax.chain(optax.clip_by_global_norm(clip), tx)
   return tx

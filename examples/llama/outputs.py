@@ -1,12 +1,112 @@
-"""Run outputs: ``config.json``, ``metrics.jsonl`` and ``loss.png``."""
+"""Run outputs: ``config.json``, ``metrics.jsonl``, ``loss.png``, the machine.
+
+:func:`machine_info` describes the machine and software of a run; the
+example's ``config.json`` and every benchmark's results record it.
+"""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import platform
+import shlex
+import subprocess
+import sys
 from typing import Any
 
-__all__ = ["write_json", "read_metrics", "MetricsLog", "plot_losses"]
+__all__ = ["MetricsLog", "machine_info", "plot_losses", "read_metrics", "write_json"]
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def cpu_model() -> str:
+  """The CPU model name (from ``/proc/cpuinfo`` where available).
+
+  Examples:
+    >>> isinstance(cpu_model(), str)
+    True
+  """
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def command_line() -> str:
+  """The command that started this process, shell-quoted.
+
+  Examples:
+    >>> command_line().startswith("python")
+    True
+  """
+  script = sys.argv[0]
+  if script.endswith(".py"):
+    script = os.path.relpath(script)
+  elif script == "-c":
+    script = "-c ..."
+  elif script in ("-m", ""):
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    script = "-m " + (spec.name if spec else "?")
+  return "python " + " ".join([script] + [shlex.quote(a) for a in sys.argv[1:]])
+
+
+def git_commit() -> str:
+  """The short git commit of this checkout (``+dirty`` if modified), or ``?``."""
+  try:
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=_ROOT, capture_output=True,
+        text=True, check=True, timeout=10).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=_ROOT,
+        capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return "?"
+  return commit + ("+dirty" if dirty else "")
+
+
+def machine_info() -> dict[str, Any]:
+  """The machine, software, load and command of this run.
+
+  Returns:
+    A dict with ``date`` (UTC), ``command``, ``cpu``, ``cores``, ``load``
+    (1/5/15-minute load averages at the call, where the OS has them),
+    ``backend``, ``devices``, ``jax``, ``jaxlib``, ``optax``, ``commit``,
+    ``python`` and ``xla_flags``.
+
+  Examples:
+    >>> info = machine_info()
+    >>> sorted(info)[:3]
+    ['backend', 'command', 'commit']
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jaxlib  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+
+  devices = jax.devices()
+  try:
+    load = [round(x, 2) for x in os.getloadavg()]
+  except OSError:
+    load = None
+  return {
+      "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+      "command": command_line(),
+      "cpu": cpu_model(),
+      "cores": os.cpu_count(),
+      "load": load,
+      "backend": jax.default_backend(),
+      "devices": f"{len(devices)} x {devices[0].device_kind}",
+      "jax": jax.__version__,
+      "jaxlib": jaxlib.__version__,
+      "optax": optax.__version__,
+      "commit": git_commit(),
+      "python": platform.python_version(),
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+  }
 
 
 def write_json(path: str, obj: Any) -> None:

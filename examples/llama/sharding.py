@@ -12,12 +12,12 @@ import math
 from typing import Any
 
 import jax
-import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-__all__ = ["AXES", "parse_mesh", "make_mesh", "fit_spec", "state_shardings",
-           "batch_sharding"]
+__all__ = ["AXES", "batch_sharding", "fit_spec", "make_mesh", "parse_mesh",
+           "variable_shardings"]
 
 AXES = ("fsdp", "tp")
 
@@ -77,10 +77,16 @@ def parse_mesh(spec: str | None, num_devices: int) -> dict[str, int]:
 
 
 def make_mesh(sizes: dict[str, int], devices=None) -> Mesh:
-  """A ``Mesh`` over the first ``prod(sizes)`` devices, axes ``AXES``."""
-  devices = list(jax.devices() if devices is None else devices)
-  shape = tuple(sizes[a] for a in AXES)
-  return Mesh(np.array(devices[: math.prod(shape)]).reshape(shape), AXES)
+  """``jax.make_mesh`` over the first ``prod(sizes)`` devices, axes ``AXES``.
+
+  The axes are ``Auto``: the weights' annotations and ``jit`` place arrays.
+
+  Examples:
+    >>> make_mesh({"fsdp": 1, "tp": 1}).axis_names
+    ('fsdp', 'tp')
+  """
+  return jax.make_mesh(tuple(sizes[a] for a in AXES), AXES,
+                       (AxisType.Auto,) * len(AXES), devices=devices)
 
 
 def fit_spec(shape: tuple[int, ...], spec: P, mesh: Mesh) -> P:
@@ -107,7 +113,7 @@ def fit_spec(shape: tuple[int, ...], spec: P, mesh: Mesh) -> P:
   return P(*fitted)
 
 
-def state_shardings(state: Any, mesh: Mesh) -> Any:
+def variable_shardings(state: Any, mesh: Mesh) -> Any:
   """``NamedSharding``s for an ``nnx.State`` from its variables' annotations.
 
   A variable's ``PartitionSpec`` comes from its sharding metadata (set by

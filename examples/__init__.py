@@ -1,0 +1,1 @@
+"""Examples of foam_jax: ``examples.llama`` pre-trains a LLaMA with FOAM."""

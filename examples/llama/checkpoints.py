@@ -1,0 +1,69 @@
+"""Orbax checkpoints of the training state, with a JSON record beside it.
+
+A checkpoint holds ``nnx.to_pure_dict(state)`` and ``meta`` (step, tokens
+seen, what the data stream and the run were). Restoring targets the live
+state's shapes, dtypes and shardings, so a checkpoint lands on any mesh.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from flax import nnx
+
+__all__ = ["manager", "restore", "save"]
+
+
+def manager(directory: str, max_to_keep: int = 2) -> ocp.CheckpointManager:
+  """A synchronous ``CheckpointManager`` over ``directory`` (created if needed)."""
+  return ocp.CheckpointManager(
+      os.path.abspath(directory),
+      options=ocp.CheckpointManagerOptions(
+          max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True
+      ),
+  )
+
+
+def save(mngr: ocp.CheckpointManager, step: int, state: nnx.State,
+         meta: dict[str, Any]) -> None:
+  """Saves ``state`` and ``meta`` as checkpoint ``step``."""
+  mngr.save(
+      step,
+      args=ocp.args.Composite(
+          state=ocp.args.StandardSave(nnx.to_pure_dict(state)),
+          meta=ocp.args.JsonSave(meta),
+      ),
+      force=True,
+  )
+
+
+def restore(mngr: ocp.CheckpointManager, step: int,
+            state: nnx.State) -> tuple[nnx.State, dict[str, Any]]:
+  """Checkpoint ``step`` restored onto ``state``'s shapes and shardings.
+
+  Returns:
+    ``(state, meta)``; ``state`` is updated in place.
+
+  Raises:
+    ValueError: the checkpoint's arrays do not fit this run's state (another
+      model or optimizer): the message names the step and the directory.
+  """
+  target = jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.to_pure_dict(state))
+  try:
+    restored = mngr.restore(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
+        ),
+    )
+  except (ValueError, KeyError, TypeError) as e:
+    raise ValueError(
+        f"Checkpoint {step} in {mngr.directory} does not fit this run's model "
+        f"and optimizer state (was it written with other settings, or by a "
+        f"version whose optimizer state is laid out differently?): {e}"
+    ) from e
+  nnx.replace_by_pure_dict(state, restored["state"])
+  return state, restored["meta"]

@@ -1,0 +1,115 @@
+"""The loss and the jitted train and eval steps, shared by every caller.
+
+A step works on ``state = nnx.state((model, optimizer))`` (see
+``examples.llama.state``): ``nnx.merge`` gives the model and its
+``nnx.Optimizer`` back inside ``jit``, so the example, the benchmarks and the
+tests compile the same computation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+__all__ = ["loss_fn", "make_eval_step", "make_train_step", "scale_by_lr_arg"]
+
+Batch = dict[str, jax.Array]
+
+
+def loss_fn(model: nnx.Module, batch: Batch) -> jax.Array:
+  """Mean next-token cross-entropy in nats: ``batch`` has ``inputs`` and ``targets``."""
+  logits_BTV = model(batch["inputs"])
+  return optax.softmax_cross_entropy_with_integer_labels(
+      logits_BTV, batch["targets"]
+  ).mean()
+
+
+def scale_by_lr_arg() -> optax.GradientTransformationExtraArgs:
+  """Multiplies the updates by the ``lr`` passed to ``update`` (a traced scalar).
+
+  Chained after an optimizer built with peak lr 1, it makes the peak lr an
+  argument of the compiled step: one compilation serves a whole lr grid.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> tx = optax.chain(optax.sgd(1.0), scale_by_lr_arg())
+    >>> u, _ = tx.update({"w": jnp.ones(2)}, tx.init({"w": jnp.ones(2)}), lr=0.5)
+    >>> u["w"].tolist()
+    [-0.5, -0.5]
+  """
+
+  def update(updates, state, params=None, *, lr, **extra_args):
+    del params, extra_args
+    return jax.tree.map(lambda u: (lr * u).astype(u.dtype), updates), state
+
+  return optax.GradientTransformationExtraArgs(
+      lambda params: optax.EmptyState(), update)
+
+
+def make_train_step(
+    graphdef: nnx.GraphDef,
+    state_shardings: Any = None,
+    batch_sharding: Any = None,
+) -> Callable[..., tuple[nnx.State, jax.Array]]:
+  """A jitted ``(state, batch, **update_args) -> (state, loss)``; state donated.
+
+  Args:
+    graphdef: of ``(model, optimizer)``, from ``state.create_state``.
+    state_shardings: the state's shardings (kept fixed across steps).
+    batch_sharding: the batch's sharding.
+
+  Returns:
+    The step. ``update_args`` go to the optimizer's ``update`` (e.g. ``lr=``
+    for :func:`scale_by_lr_arg`). Time it after one warm-up call (the compile).
+  """
+
+  def train_step(state, batch, **update_args):
+    model, optimizer = nnx.merge(graphdef, state)
+    loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
+    optimizer.update(model, grads, **update_args)
+    return nnx.state((model, optimizer)), loss
+
+  if state_shardings is None:
+    return jax.jit(train_step, donate_argnums=0)
+  return jax.jit(
+      train_step,
+      in_shardings=(state_shardings, batch_sharding),
+      out_shardings=(state_shardings, None),
+      donate_argnums=0,
+  )
+
+
+def make_eval_step(
+    graphdef: nnx.GraphDef, state_shardings: Any = None, batch_sharding: Any = None,
+    *, stacked: bool = False,
+) -> Callable[[nnx.State, Batch], jax.Array]:
+  """A jitted ``(state, batch) -> loss`` (no donation, no update).
+
+  With ``stacked``, ``batch`` holds a leading axis of batches and the step
+  returns the mean of their losses (one call for a whole validation set).
+  """
+
+  def eval_step(state, batch):
+    model, _ = nnx.merge(graphdef, state)
+    if stacked:
+      return jax.vmap(lambda b: loss_fn(model, b))(batch).mean()
+    return loss_fn(model, batch)
+
+  if state_shardings is None:
+    return jax.jit(eval_step)
+  return jax.jit(eval_step, in_shardings=(state_shardings, batch_sharding))
+
+
+def token_batch(tokens_BT: Any) -> dict[str, Any]:
+  """``{"inputs", "targets"}`` from windows of ``T + 1`` tokens.
+
+  Examples:
+    >>> token_batch(jnp.arange(4)[None])["targets"].tolist()
+    [[1, 2, 3]]
+  """
+  return {"inputs": tokens_BT[..., :-1], "targets": tokens_BT[..., 1:]}

@@ -1,0 +1,304 @@
+"""The training run, in named steps: set up, create state, resume, loop, summarise.
+
+``Trainer(cfg)`` sets up (data, mesh, optimizer; a bad setting raises
+``ValueError`` here, before any compile); ``run()`` does the rest and returns
+the summary. ``train(cfg)`` is both in one call.
+
+Examples:
+  A notebook or a benchmark::
+
+    from examples.llama import train_config, trainer
+    summary = trainer.train(train_config.TrainConfig(steps=50, out="/tmp/run"))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shutil
+import time
+import zlib
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+import tqdm
+from flax import nnx
+
+import foam_jax
+from examples.llama import checkpoints
+from examples.llama import data as data_lib
+from examples.llama import generate as generate_lib
+from examples.llama import optimizers as optimizers_lib
+from examples.llama import outputs
+from examples.llama import sharding as sharding_lib
+from examples.llama import state as state_lib
+from examples.llama import steps as steps_lib
+from examples.llama import tokenizers
+from examples.llama.train_config import TrainConfig
+
+__all__ = ["Trainer", "train"]
+
+
+class _TrainClock:
+  """Seconds spent training: from the end of the first (compiling) step on,
+  with evaluations and checkpoints left out."""
+
+  def __init__(self):
+    self.seconds = 0.0
+    self._mark = None
+
+  def start(self) -> None:
+    self._mark = time.perf_counter()
+
+  def lap(self) -> None:
+    """Counts the time since the last mark (call after a sync)."""
+    if self._mark is not None:
+      now = time.perf_counter()
+      self.seconds += now - self._mark
+      self._mark = now
+
+  def skip(self, seconds: float) -> None:
+    """Leaves ``seconds`` just spent (an evaluation) out of the count."""
+    if self._mark is not None:
+      self._mark += seconds
+
+
+class Trainer:
+  """One training run of ``cfg``; see the module docstring for the steps."""
+
+  def __init__(self, cfg: TrainConfig):
+    self.cfg = cfg
+    self.setup()
+
+  # -- 1. Set up: data, devices, optimizer. ----------------------------------
+
+  def setup(self) -> None:
+    cfg = self.cfg
+    self.out = cfg.out_dir()
+    self.tokenizer = tokenizers.load_tokenizer(cfg.tokenizer)
+    self.tokens = self.tokenizer.encode(data_lib.read_corpus(cfg.data, cfg.data_dir))
+    model_cfg = cfg.model_config()
+    if model_cfg.vocab_size < self.tokenizer.vocab_size:
+      if "vocab_size" in cfg.model_overrides:
+        raise ValueError(
+            f"vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
+            f"vocabulary ({self.tokenizer.vocab_size}).")
+      model_cfg = dataclasses.replace(model_cfg, vocab_size=self.tokenizer.vocab_size)
+    self.model_cfg = model_cfg
+    self.seq_len = cfg.seq_len or model_cfg.max_seq_len
+    self.dataset = data_lib.TokenDataset(self.tokens, self.seq_len, cfg.val_fraction)
+
+    self.mesh_sizes = sharding_lib.parse_mesh(cfg.mesh, jax.device_count())
+    if cfg.batch_size % self.mesh_sizes["fsdp"]:
+      raise ValueError(
+          f"batch_size ({cfg.batch_size}) must be divisible by the mesh's fsdp "
+          f"size ({self.mesh_sizes['fsdp']}).")
+    self.mesh = sharding_lib.make_mesh(self.mesh_sizes)
+    self.batch_sharding = sharding_lib.batch_sharding(self.mesh)
+
+    self.lr = cfg.lr if cfg.lr is not None else optimizers_lib.DEFAULT_LR[cfg.optimizer]
+    self.tx = optimizers_lib.make_optimizer(
+        cfg.optimizer, self.lr, cfg.steps, warmup_fraction=cfg.warmup, clip=cfg.clip,
+        hidden_size=model_cfg.hidden_size, weight_decay=cfg.weight_decay, b1=cfg.b1,
+        b2=cfg.b2)
+    self.schedule = optimizers_lib.schedule(self.lr, cfg.steps, cfg.warmup)
+    # What a checkpoint must share with this run to continue it exactly.
+    self.data_identity = {
+        "seed": cfg.seed, "batch_size": cfg.batch_size, "seq_len": self.seq_len,
+        "val_fraction": cfg.val_fraction, "corpus_tokens": int(len(self.tokens)),
+        "corpus_crc32": zlib.crc32(np.asarray(self.tokens).tobytes()),
+    }
+    self.run_identity = {
+        "optimizer": cfg.optimizer, "lr": self.lr, "steps": cfg.steps,
+        "warmup": cfg.warmup, "weight_decay": cfg.weight_decay, "clip": cfg.clip,
+        "b1": cfg.b1, "b2": cfg.b2, "model": dataclasses.asdict(model_cfg),
+    }
+
+  def put(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    return jax.device_put(batch, self.batch_sharding)
+
+  # -- 2. Create the state and compile the steps. ----------------------------
+
+  def create_state(self) -> None:
+    self.graphdef, self.state, shardings = state_lib.create_state(
+        self.model_cfg, self.tx, self.mesh, self.cfg.seed)
+    self.train_step = steps_lib.make_train_step(self.graphdef, shardings, self.batch_sharding)
+    self.eval_step = steps_lib.make_eval_step(self.graphdef, shardings, self.batch_sharding)
+    params = nnx.to_pure_dict(self.state)[0]
+    self.num_params = optax.tree.size(params)
+    self.state_bytes = foam_jax.state_bytes(self.tx, params)
+    self.adamw_state_bytes = foam_jax.state_bytes(optax.adamw(1e-3), params)
+
+  def evaluate(self) -> float:
+    """Mean validation loss over ``eval_batches`` fixed batches."""
+    batches = self.dataset.val_batches(self.cfg.batch_size, self.cfg.eval_batches)
+    losses = [self.eval_step(self.state, self.put(b)) for b in batches]
+    return float(np.mean(jax.device_get(losses)))
+
+  # -- 3. Resume from the latest checkpoint, or start fresh. -----------------
+
+  def resume(self) -> None:
+    cfg, ckpt_dir = self.cfg, os.path.join(self.out, "checkpoints")
+    os.makedirs(self.out, exist_ok=True)
+    if not cfg.resume and os.path.isdir(ckpt_dir):
+      print(f"Starting fresh: removing old checkpoints in {ckpt_dir} (--resume keeps them).")
+      shutil.rmtree(ckpt_dir)
+    self.manager = checkpoints.manager(ckpt_dir)
+    self.start_step, self.tokens_seen, self.elapsed_before = 0, 0, 0.0
+    self.initial_val_loss = None
+    latest = self.manager.latest_step()
+    if cfg.resume and latest is not None:
+      self.state, meta = checkpoints.restore(self.manager, latest, self.state)
+      if meta["data"] != self.data_identity:
+        raise ValueError(
+            f"--resume: the checkpoint's data stream {meta['data']} differs from "
+            f"this run's {self.data_identity}; resume with the same data settings.")
+      old_run = meta.get("run", {})
+      changed = {k: (old_run.get(k), v) for k, v in self.run_identity.items()
+                 if old_run.get(k) != v}
+      if changed:
+        print(f"--resume: settings differ from the checkpointed run's {changed} "
+              "(old, new); the result will not match an uninterrupted run.")
+      self.start_step, self.tokens_seen = latest, meta["tokens"]
+      self.elapsed_before = meta["wall_time"]
+      self.initial_val_loss = meta.get("initial_val_loss")
+      print(f"Resumed from {ckpt_dir} at step {latest}.")
+    elif cfg.resume:
+      print(f"--resume: no checkpoint in {ckpt_dir}; starting fresh.")
+    self.metrics = outputs.MetricsLog(
+        os.path.join(self.out, "metrics.jsonl"),
+        keep_until_step=self.start_step if self.start_step else None)
+
+  # -- 4. The loop. -----------------------------------------------------------
+
+  def _record_eval(self, step: int, train_losses: list[jax.Array], wall: float) -> float:
+    train_loss = float(np.mean(jax.device_get(train_losses))) if train_losses else None
+    val_loss = self.evaluate()
+    self.metrics.append({
+        "step": step, "tokens": self.tokens_seen, "train_loss": train_loss,
+        "val_loss": val_loss, "val_ppl": math.exp(val_loss),
+        "lr": float(self.schedule(step)), "wall_time": wall,
+    })
+    if step:
+      tqdm.tqdm.write(
+          f"step {step:6d}  tokens {self.tokens_seen:,}  train_loss {train_loss:.4f}"
+          f"  val_loss {val_loss:.4f}  val_ppl {math.exp(val_loss):.2f}")
+    return val_loss
+
+  def loop(self) -> None:
+    cfg = self.cfg
+    self.t_start = time.perf_counter()
+    wall = lambda: self.elapsed_before + time.perf_counter() - self.t_start
+    if self.start_step == 0:
+      self.initial_val_loss = self._record_eval(0, [], 0.0)
+    self.clock, self.val_loss = _TrainClock(), None
+    train_losses, last_loss = [], float("nan")
+    bar = tqdm.tqdm(total=cfg.steps, initial=self.start_step, unit="step",
+                    disable=not cfg.progress, desc=cfg.optimizer, dynamic_ncols=True,
+                    mininterval=0.5)
+    for step in range(self.start_step, cfg.steps):
+      batch = self.put(self.dataset.train_batch(cfg.batch_size, cfg.seed, step))
+      self.state, loss = self.train_step(self.state, batch)
+      train_losses.append(loss)
+      self.tokens_seen += cfg.batch_size * self.seq_len
+      done = step + 1
+      if step == self.start_step or done % cfg.log_every == 0 or done == cfg.steps:
+        last_loss = float(loss)  # Syncs: the steps so far are complete.
+        self.clock.lap() if step > self.start_step else self.clock.start()
+        timed = (done - self.start_step - 1) * cfg.batch_size * self.seq_len
+        rate = timed / self.clock.seconds if self.clock.seconds else float("nan")
+        bar.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
+      bar.update(1)
+
+      is_eval = done % cfg.eval_every == 0 or done == cfg.steps
+      is_ckpt = done == cfg.steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)
+      if is_eval or is_ckpt:
+        jax.block_until_ready(self.state)
+        self.clock.lap()
+        t0 = time.perf_counter()
+        if is_eval:
+          self.val_loss = self._record_eval(done, train_losses, wall())
+          train_losses = []
+        if is_ckpt:
+          checkpoints.save(self.manager, done, self.state, {
+              "step": done, "tokens": self.tokens_seen, "data": self.data_identity,
+              "wall_time": wall(), "initial_val_loss": self.initial_val_loss,
+              "run": self.run_identity,
+          })
+        self.clock.skip(time.perf_counter() - t0)
+    bar.close()
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+  # -- 5. Summarise. -----------------------------------------------------------
+
+  def summarise(self) -> dict[str, Any]:
+    cfg = self.cfg
+    if self.val_loss is None:  # Resumed at the end: evaluate the restored state.
+      self.val_loss = self.evaluate()
+    timed_tokens = (cfg.steps - self.start_step - 1) * cfg.batch_size * self.seq_len
+    outputs.plot_losses(os.path.join(self.out, "metrics.jsonl"),
+                        os.path.join(self.out, "loss.png"),
+                        title=f"LLaMA {cfg.preset}, {cfg.optimizer}")
+    summary = {
+        "initial_val_loss": self.initial_val_loss,
+        "final_val_loss": self.val_loss,
+        "final_val_ppl": math.exp(self.val_loss),
+        "tokens_per_s": (timed_tokens / self.clock.seconds if self.clock.seconds
+                         else float("nan")),
+        "steps": cfg.steps,
+        "tokens": self.tokens_seen,
+        "wall_time_s": time.perf_counter() - self.t_start,
+        "num_params": self.num_params,
+        "state_bytes": self.state_bytes,
+        "adamw_state_bytes": self.adamw_state_bytes,
+        "state_ratio": self.state_bytes / self.adamw_state_bytes,
+        "out": self.out,
+    }
+    if cfg.sample:
+      model = nnx.merge(self.graphdef, self.state)[0]
+      prompt = (self.tokenizer.encode(cfg.prompt) if cfg.prompt
+                else np.zeros(1, np.int32))
+      ids = generate_lib.generate(model, prompt, cfg.sample, window=self.seq_len,
+                                  temperature=cfg.temperature, seed=cfg.seed)
+      summary["sample"] = self.tokenizer.decode(ids)
+    summary["state"], summary["graphdef"] = self.state, self.graphdef
+    return summary
+
+  def write_config(self) -> None:
+    outputs.write_json(os.path.join(self.out, "config.json"), {
+        "train": dataclasses.asdict(self.cfg), "model": dataclasses.asdict(self.model_cfg),
+        "lr": self.lr, "seq_len": self.seq_len, "mesh": self.mesh_sizes,
+        "corpus_tokens": int(len(self.tokens)),
+        "tokenizer": type(self.tokenizer).__name__, "machine": outputs.machine_info(),
+    })
+
+  def run(self) -> dict[str, Any]:
+    """Creates the state, resumes, trains and returns the summary.
+
+    Returns:
+      ``initial_val_loss``, ``final_val_loss``, ``final_val_ppl``,
+      ``tokens_per_s`` (compile, evaluations and checkpoints excluded),
+      ``steps``, ``tokens``, ``wall_time_s``, ``num_params``, ``state_bytes``
+      (this optimizer), ``adamw_state_bytes``, ``state_ratio``, ``out``, with
+      ``cfg.sample`` the generated ``sample``, and the trained ``graphdef``
+      and ``state`` (``nnx.merge`` gives back ``(model, optimizer)``).
+    """
+    self.create_state()
+    self.resume()
+    self.write_config()
+    cfg = self.cfg
+    print(f"LLaMA {cfg.preset}: {self.num_params / 1e6:.2f}M params, {cfg.optimizer} "
+          f"(peak lr {self.lr:g}), {cfg.steps} steps x {cfg.batch_size} x {self.seq_len} "
+          f"tokens, mesh {self.mesh_sizes}, corpus {len(self.tokens):,} tokens "
+          f"({type(self.tokenizer).__name__}). Output: {self.out}")
+    self.loop()
+    return self.summarise()
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+  """Runs (or resumes) a whole training; see :meth:`Trainer.run`."""
+  return Trainer(cfg).run()
