@@ -1,0 +1,89 @@
+"""The one optimizer registry (examples.llama.optimizers)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from examples.llama import configs, data, optimizers, sharding, state, steps
+
+SMALL = {"num_layers": 1, "hidden_size": 64, "intermediate_size": 176, "num_heads": 4}
+# One of each builder (the FOAM variants share one).
+ONE_EACH = ("foam", "foam_l3_ax1", "foam_mini", "adamw", "adafactor", "lion", "muon",
+            "galore")
+
+
+@pytest.mark.parametrize("name", ONE_EACH)
+def test_every_optimizer_takes_steps(name):
+  cfg = configs.get_config("tiny", **SMALL)
+  mesh = sharding.make_mesh({"fsdp": 1, "tp": 1})
+  tx = optimizers.make_optimizer(name, None, total_steps=10, clip=1.0, hidden_size=64)
+  graphdef, st, shardings = state.create_state(cfg, tx, mesh)
+  step = steps.make_train_step(graphdef, shardings, sharding.batch_sharding(mesh))
+  before = jax.device_get(nnx.to_pure_dict(st))
+  ds = data.TokenDataset(np.arange(4000) % 256, seq_len=16)
+  losses = []
+  for i in range(2):
+    st, loss = step(st, ds.train_batch(4, 0, i))
+    losses.append(float(loss))
+  assert all(math.isfinite(l) for l in losses)
+  model_before = before[0]
+  model_after = jax.device_get(nnx.to_pure_dict(st))[0]
+  moved = jax.tree.map(lambda a, b: bool(np.any(a != b)), model_before, model_after)
+  assert all(jax.tree.leaves(moved)), f"{name} left some weights untouched"
+
+
+def test_muon_keeps_adam_for_embeddings_and_lm_head():
+  params = {"embed_tokens": {"embedding": np.zeros((256, 8))},
+            "lm_head": {"kernel": np.zeros((8, 256))},
+            "q_proj": {"kernel": np.zeros((8, 8))}, "norm": {"scale": np.zeros(8)}}
+  matrices = optimizers.hidden_matrices(params)
+  assert matrices == {"embed_tokens": {"embedding": False}, "lm_head": {"kernel": False},
+                      "q_proj": {"kernel": True}, "norm": {"scale": False}}
+  for name in ("muon", "galore"):  # Same rule: only q_proj leaves Adam's state.
+    tx = optimizers.make_optimizer(name, 1e-3, hidden_size=8)
+    shapes = [x.shape for x in jax.tree.leaves(tx.init(params))]
+    assert (256, 8) in shapes and (8, 256) in shapes  # Adam moments kept
+
+
+
+
+@pytest.mark.parametrize("name", ONE_EACH)
+def test_updates_are_linear_in_the_peak_lr(name):
+  """Benchmarks compile one step per optimizer and scale it by the lr."""
+  key = jax.random.PRNGKey(0)
+  params = {"layer": {"kernel": jax.random.normal(key, (8, 4))},
+            "embed_tokens": {"embedding": jnp.ones((5, 8))},
+            "norm": {"scale": jnp.ones((4,))}}
+  grads = jax.tree.map(lambda p: jnp.cos(3.0 * p) + 0.1, params)
+
+  def updates(lr):
+    tx = optimizers.make_optimizer(name, lr, total_steps=10, hidden_size=8)
+    opt_state = tx.init(params)
+    for _ in range(3):
+      u, opt_state = tx.update(grads, opt_state, params)
+    return u
+
+  unit, scaled = updates(1.0), updates(0.037)
+  for a, b in zip(jax.tree.leaves(unit), jax.tree.leaves(scaled)):
+    np.testing.assert_allclose(np.asarray(b), 0.037 * np.asarray(a), rtol=1e-5, atol=1e-9)
+
+
+def test_one_naming_scheme_and_old_names_map_onto_it():
+  assert "foam" in optimizers.OPTIMIZERS and "foam_l2" not in optimizers.OPTIMIZERS
+  for old, new in [("foam_l2", "foam"), ("foam-l2", "foam"), ("foam-mini", "foam_mini"),
+                   ("foam-l4", "foam_l4"), ("foam-l2-ax-1", "foam_l2_ax1"),
+                   ("foam_l1", "foam_l1")]:
+    assert optimizers.canonical_name(old) == new
+    assert new in optimizers.OPTIMIZERS
+  tx = optimizers.make_optimizer("foam_l2_ax1", 1e-3)
+  mu = tx.init({"q_proj": jnp.zeros((16, 8))})[0].mu["q_proj"]
+  assert mu.shape == (16, 2)  # folded 4x along the last axis
+  with pytest.raises(ValueError, match="Unknown optimizer"):
+    optimizers.make_optimizer("adam")
+  with pytest.raises(ValueError, match="galore needs hidden_size"):
+    optimizers.make_optimizer("galore")
