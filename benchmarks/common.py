@@ -8,13 +8,26 @@ those from the file, never from the renderer's text.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
 
 from examples.llama.outputs import machine_info
 
-__all__ = ["block", "header_lines", "machine_info", "note_lines", "tree_bytes"]
+__all__ = ["block", "header_lines", "machine_info", "note_lines", "tree_bytes", "tree_size"]
+
+
+def tree_size(tree: Any) -> int:
+  """Elements in the arrays (or ``ShapeDtypeStruct``s) in ``tree``.
+
+  (``optax.tree.size`` for abstract trees, which it will stop accepting.)
+
+  Examples:
+    >>> tree_size({"a": jax.ShapeDtypeStruct((2, 3), "float32")})
+    6
+  """
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(tree) if hasattr(x, "shape"))
 
 
 def tree_bytes(tree: Any) -> int:
@@ -25,7 +38,7 @@ def tree_bytes(tree: Any) -> int:
     >>> tree_bytes({"a": jnp.zeros((2, 3)), "b": jnp.zeros(4, jnp.bfloat16)})
     32
   """
-  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)
+  return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree)
              if hasattr(x, "dtype"))
 
 

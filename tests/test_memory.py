@@ -6,8 +6,10 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
+from flax import nnx
 
 import foam_jax
+from examples.llama import configs, model
 
 
 def test_abstract_init_and_exact_state_sizes():
@@ -19,7 +21,8 @@ def test_abstract_init_and_exact_state_sizes():
   }
   for level in range(5):
     k = 2**level
-    state = jax.eval_shape(foam_jax.foam(1e-3, fold_level=level).init, params)[0]
+    state = jax.eval_shape(
+        foam_jax.foam(1e-3, weight_decay=0.0, fold_level=level).init, params)[0]
     for name, p in params.items():
       size = math.prod(p.shape)
       if name in ("w", "stacked"):
@@ -32,34 +35,30 @@ def test_abstract_init_and_exact_state_sizes():
       assert isinstance(state.mu[name], jax.ShapeDtypeStruct)
 
 
-def _llama_abstract(hidden, intermediate, layers, vocab=32000, dtype=jnp.bfloat16):
-  s = lambda *shape: jax.ShapeDtypeStruct(shape, dtype)
-  layer = {
-      "attn": {n: {"kernel": s(hidden, hidden)} for n in ("q_proj", "k_proj", "v_proj", "o_proj")},
-      "mlp": {"gate_proj": {"kernel": s(hidden, intermediate)},
-              "up_proj": {"kernel": s(hidden, intermediate)},
-              "down_proj": {"kernel": s(intermediate, hidden)}},
-      "input_norm": {"scale": s(hidden)}, "post_norm": {"scale": s(hidden)},
-  }
-  return {"embed_tokens": {"embedding": s(vocab, hidden)},
-          "layers": [layer] * layers, "norm": {"scale": s(hidden)},
-          "lm_head": {"kernel": s(hidden, vocab)}}
+def _bytes(tree):
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def _llama7b_bf16():
+  """The example's LLaMA-7B weights in bf16, unallocated (``nnx.eval_shape``)."""
+  cfg = configs.get_config("7b", param_dtype="bfloat16")
+  return nnx.to_pure_dict(model.abstract_params(cfg))
 
 
 @pytest.mark.parametrize(
     "tx_name,paper_gb", [("adam", 40.38), ("foam", 20.97), ("foam_mini", 14.49)])
 def test_llama7b_weights_plus_state_match_the_paper_figure(tx_name, paper_gb):
-  params = _llama_abstract(4096, 11008, 32)
-  tx = {"adam": optax.adam(1e-3), "foam": foam_jax.foam(1e-3),
-        "foam_mini": foam_jax.foam_mini(1e-3)}[tx_name]
-  total = foam_jax.tree_bytes(params) + foam_jax.state_bytes(tx, params)
+  params = _llama7b_bf16()
+  tx = {"adam": optax.adam(1e-3), "foam": foam_jax.foam(1e-3, weight_decay=0.0),
+        "foam_mini": foam_jax.foam_mini(1e-3, weight_decay=0.0)}[tx_name]
+  total = _bytes(params) + foam_jax.state_bytes(tx, params)
   # The paper's figure reads off at about +-0.05 GB (decimal GB).
   assert abs(total / 1e9 - paper_gb) < 0.1, total / 1e9
 
 
 def test_llama7b_foam_is_about_52_percent_of_adam():
-  params = _llama_abstract(4096, 11008, 32)
-  weights = foam_jax.tree_bytes(params)
-  foam_total = weights + foam_jax.state_bytes(foam_jax.foam(1e-3), params)
+  params = _llama7b_bf16()
+  weights = _bytes(params)
+  foam_total = weights + foam_jax.state_bytes(foam_jax.foam(1e-3, weight_decay=0.0), params)
   adam_total = weights + foam_jax.state_bytes(optax.adam(1e-3), params)
   assert 0.51 < foam_total / adam_total < 0.53
