@@ -58,10 +58,11 @@ def header_lines(info: dict[str, Any]) -> list[str]:
       f"- Machine: {info['cpu']}, {info['cores']} cores; JAX backend "
       f"`{info['backend']}` ({info['devices']})"
       + (f"; load average at start {load[0]:.2f}" if load else ""),
-      f"- Software: JAX {info['jax']} (jaxlib {info['jaxlib']}), Optax "
-      f"{info.get('optax', '?')}, Python {info['python']}; commit "
-      f"{info.get('commit', '?')}" + (f"; XLA_FLAGS=`{info['xla_flags']}`"
-                                      if info["xla_flags"] else ""),
+      f"- Software: JAX {info['jax']} (jaxlib {info['jaxlib']}), "
+      + (f"Optax {info['optax']}, " if "optax" in info else "")
+      + f"Python {info['python']}"
+      + (f"; commit {info['commit']}" if "commit" in info else "")
+      + (f"; XLA_FLAGS=`{info['xla_flags']}`" if info["xla_flags"] else ""),
   ]
 
 
