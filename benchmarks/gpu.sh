@@ -33,37 +33,37 @@ fail() { failed=$((failed + 1)); say "$@"; }
 if (( TINY )); then
   STEP_ARGS=(--quick)
   MEM_ARGS=(--quick)
-  PEAK_CONFIGS=("tiny:adamw" "tiny:foam_l2")
+  PEAK_CONFIGS=("tiny:adamw" "tiny:foam")
   PEAK_ARGS=(--quick)
   CONV_ARGS=(--quick)
 else
   STEP_ARGS=(--sizes 1b --dtypes bfloat16
-             --optimizers adamw,lion,foam-l2,foam-l4,foam-mini
+             --optimizers adamw,lion,foam,foam_l4,foam_mini
              --repeats 10 --train 60m
              --train-optimizers adamw,foam,foam_mini)
   MEM_ARGS=(--skip analytic --configs 60m --budgets 80 --no-verify
-            --optimizers adamw adafactor lion foam_l2 foam_mini --widths 7b)
-  PEAK_CONFIGS=("60m:adamw" "60m:foam_l2" "60m:foam_mini")
+            --optimizers adamw adafactor lion foam foam_mini --widths 7b)
+  PEAK_CONFIGS=("60m:adamw" "60m:foam" "60m:foam_mini")
   PEAK_ARGS=(--batch 8 --seq-len 256)
   CONV_ARGS=(--plan gpu)
 fi
 
 say "1. step time"
-timeout "$(lim 140)" python benchmarks/step_time.py "${STEP_ARGS[@]}" \
+timeout "$(lim 140)" python -m benchmarks.step_time "${STEP_ARGS[@]}" \
   --out "$OUT/step_time_gpu.md" >> "$LOG" 2>&1 || fail "step time: rc $?"
 
 say "2. memory (compiled on this device)"
-timeout "$(lim 140)" python benchmarks/memory.py "${MEM_ARGS[@]}" --out "$OUT/memory" \
+timeout "$(lim 140)" python -m benchmarks.memory "${MEM_ARGS[@]}" --out "$OUT/memory" \
   >> "$LOG" 2>&1 || fail "memory: rc $?"
 
 say "3. real peak bytes in use"
 for pair in "${PEAK_CONFIGS[@]}"; do
-  timeout "$(lim 50)" python benchmarks/memory.py "${PEAK_ARGS[@]}" --device-peak "$pair" \
+  timeout "$(lim 50)" python -m benchmarks.memory "${PEAK_ARGS[@]}" --device-peak "$pair" \
     2>> "$LOG" | tail -n 1 >> "$OUT/device_peaks.jsonl" || fail "peak $pair: rc $?"
 done
 
 say "4. convergence"
-timeout "$(lim 150)" python benchmarks/convergence.py "${CONV_ARGS[@]}" \
+timeout "$(lim 150)" python -m benchmarks.convergence "${CONV_ARGS[@]}" \
   --out "$OUT/convergence" >> "$LOG" 2>&1 || fail "convergence: rc $?"
 
 say "done"
