@@ -32,9 +32,17 @@ import optax
 from flax import nnx
 
 from benchmarks import common
-from benchmarks.convergence_plan import PLANS, Store, run_plan
+from benchmarks.convergence_plan import PLANS
+from benchmarks.convergence_plan import Store
+from benchmarks.convergence_plan import run_plan
 from benchmarks.convergence_report import write_report
-from examples.llama import configs, data, optimizers, sharding, state, steps, tokenizers
+from examples.llama import configs
+from examples.llama import data
+from examples.llama import optimizers
+from examples.llama import sharding
+from examples.llama import state
+from examples.llama import steps
+from examples.llama import tokenizers
 
 __all__ = ["SETTINGS", "VAL_FRACTION", "load_dataset", "main", "train_run"]
 

@@ -151,7 +151,7 @@ def run_plan(p, store, train, log, only=None):
         **b, "optimizer": o, "lr": lr, "seed": seed, "foam": foam or {}}
     if kind == "grid":
       tuned_grid(store, base, opt, lrs, extend,
-                 run=lambda lr: execute(store, point(lr, 0), train, log))
+                 run=lambda lr, point=point: execute(store, point(lr, 0), train, log))
     elif kind == "seeds":
       lr = best_lr(store, base, opt, tuned_grid(store, base, opt, lrs, extend))
       seeds = p["seeds"]

@@ -9,7 +9,9 @@ import statistics
 import numpy as np
 
 from benchmarks import common
-from benchmarks.convergence_plan import best_lr, run_id, tuned_grid
+from benchmarks.convergence_plan import best_lr
+from benchmarks.convergence_plan import run_id
+from benchmarks.convergence_plan import tuned_grid
 
 __all__ = ["summarize", "tokens_to_reach", "write_report"]
 

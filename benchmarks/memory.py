@@ -37,9 +37,18 @@ from flax import nnx
 
 import foam_jax
 from benchmarks import common
-from benchmarks.memory_report import GB, GIB, PAPER_FIGURE, headline_fits, plot_paper_figure
+from benchmarks.memory_report import GB
+from benchmarks.memory_report import GIB
+from benchmarks.memory_report import PAPER_FIGURE
+from benchmarks.memory_report import headline_fits
+from benchmarks.memory_report import plot_paper_figure
 from benchmarks.memory_report import render
-from examples.llama import configs, model, optimizers, sharding, state, steps
+from examples.llama import configs
+from examples.llama import model
+from examples.llama import optimizers
+from examples.llama import sharding
+from examples.llama import state
+from examples.llama import steps
 
 _RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

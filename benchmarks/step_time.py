@@ -48,8 +48,11 @@ from flax import nnx
 
 from benchmarks import common
 from benchmarks import step_time_runners as runners_lib
-from benchmarks.step_time_report import _mb, render
-from examples.llama import configs, model, optimizers
+from benchmarks.step_time_report import _mb
+from benchmarks.step_time_report import render
+from examples.llama import configs
+from examples.llama import model
+from examples.llama import optimizers
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -281,7 +284,9 @@ def main(argv=None) -> dict[str, Any]:
   if args.quick:
     sizes = (args.sizes or "1m").split(",")
     repeats, inner = args.repeats or 3, args.inner or 1
-    dtypes = args.dtypes.split(",")[:1] if args.dtypes == "float32,bfloat16" else args.dtypes.split(",")
+    dtypes = args.dtypes.split(",")
+    if args.dtypes == "float32,bfloat16":  # The default: one dtype is enough.
+      dtypes = dtypes[:1]
   else:
     sizes = (args.sizes or FULL_SIZES).split(",")
     repeats, inner = args.repeats or 5, args.inner or 2

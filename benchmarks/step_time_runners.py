@@ -15,7 +15,10 @@ import jax.numpy as jnp
 import optax
 
 from benchmarks import common
-from examples.llama import optimizers, sharding, state, steps
+from examples.llama import optimizers
+from examples.llama import sharding
+from examples.llama import state
+from examples.llama import steps
 
 __all__ = ["CopyRunner", "Runner", "TrainRunner", "compiled_memory", "make_step",
            "time_interleaved"]

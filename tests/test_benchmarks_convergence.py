@@ -5,7 +5,8 @@ import math
 
 import numpy as np
 
-from benchmarks import convergence, convergence_plan
+from benchmarks import convergence
+from benchmarks import convergence_plan
 
 
 def test_convergence_quick_mode_trains_and_reports(tmp_path):

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from benchmarks import memory, memory_report
+from benchmarks import memory
+from benchmarks import memory_report
 
 
 def _by_opt(rows, config, dtype):

@@ -7,7 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from examples.llama import data, tokenizers
+from examples.llama import data
+from examples.llama import tokenizers
 
 
 def test_default_corpus_needs_no_network_and_no_shared(monkeypatch):

@@ -10,8 +10,10 @@ import pytest
 from flax import nnx
 
 import foam_jax
-from examples.llama import configs, generate, sharding
+from examples.llama import configs
+from examples.llama import generate
 from examples.llama import model as model_lib
+from examples.llama import sharding
 from examples.llama import train_config
 
 SMALL = {"num_layers": 1, "hidden_size": 64, "intermediate_size": 176, "num_heads": 4}

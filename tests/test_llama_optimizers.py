@@ -5,11 +5,15 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 
-from examples.llama import configs, data, optimizers, sharding, state, steps
+from examples.llama import configs
+from examples.llama import data
+from examples.llama import optimizers
+from examples.llama import sharding
+from examples.llama import state
+from examples.llama import steps
 
 SMALL = {"num_layers": 1, "hidden_size": 64, "intermediate_size": 176, "num_heads": 4}
 # One of each builder (the FOAM variants share one).

@@ -18,7 +18,10 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from examples.llama import data, tokenizers, train, trainer
+from examples.llama import data
+from examples.llama import tokenizers
+from examples.llama import train
+from examples.llama import trainer
 from examples.llama.train_config import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,7 +9,8 @@ import pytest
 from flax import nnx
 
 import foam_jax
-from examples.llama import configs, model
+from examples.llama import configs
+from examples.llama import model
 
 
 def test_abstract_init_and_exact_state_sizes():

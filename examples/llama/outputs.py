@@ -93,7 +93,7 @@ def machine_info() -> dict[str, Any]:
   except OSError:
     load = None
   return {
-      "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+      "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
       "command": command_line(),
       "cpu": cpu_model(),
       "cores": os.cpu_count(),

@@ -13,7 +13,9 @@ from typing import Any
 
 import jax
 from flax import nnx
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import AxisType
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 __all__ = ["AXES", "batch_sharding", "fit_spec", "make_mesh", "parse_mesh",

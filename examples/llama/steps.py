@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 
@@ -36,8 +35,7 @@ def scale_by_lr_arg() -> optax.GradientTransformationExtraArgs:
   argument of the compiled step: one compilation serves a whole lr grid.
 
   Examples:
-    >>> import jax.numpy as jnp
-    >>> tx = optax.chain(optax.sgd(1.0), scale_by_lr_arg())
+    >>>     >>> tx = optax.chain(optax.sgd(1.0), scale_by_lr_arg())
     >>> u, _ = tx.update({"w": jnp.ones(2)}, tx.init({"w": jnp.ones(2)}), lr=0.5)
     >>> u["w"].tolist()
     [-0.5, -0.5]
@@ -104,12 +102,3 @@ def make_eval_step(
     return jax.jit(eval_step)
   return jax.jit(eval_step, in_shardings=(state_shardings, batch_sharding))
 
-
-def token_batch(tokens_BT: Any) -> dict[str, Any]:
-  """``{"inputs", "targets"}`` from windows of ``T + 1`` tokens.
-
-  Examples:
-    >>> token_batch(jnp.arange(4)[None])["targets"].tolist()
-    [[1, 2, 3]]
-  """
-  return {"inputs": tokens_BT[..., :-1], "targets": tokens_BT[..., 1:]}

@@ -23,7 +23,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from examples.llama import train_config, trainer
+from examples.llama import train_config
+from examples.llama import trainer
 
 __all__ = ["main"]
 
