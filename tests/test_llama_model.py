@@ -1,7 +1,5 @@
 """The LLaMA example's configs, model and text generation (examples.llama)."""
 
-import doctest
-import importlib
 import math
 
 import jax
@@ -17,17 +15,6 @@ from examples.llama import sharding
 from examples.llama import train_config
 
 SMALL = {"num_layers": 1, "hidden_size": 64, "intermediate_size": 176, "num_heads": 4}
-
-MODULES = ["checkpoints", "configs", "data", "generate", "model", "optimizers", "outputs",
-           "sharding", "state", "steps", "tokenizers", "train_config"]
-
-
-@pytest.mark.parametrize("name", MODULES)
-def test_doctests_pass(name):
-  module = importlib.import_module(f"examples.llama.{name}")
-  result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-  assert result.failed == 0
-
 
 def test_paper_presets_match_the_paper_table():
   table = {  # hidden, intermediate, layers, heads (foam-algorithm.md)

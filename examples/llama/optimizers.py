@@ -100,12 +100,16 @@ def schedule(peak: float, total_steps: int | None,
 # Builders: (peak lr, lr -> schedule, settings) -> GradientTransformation.
 
 
-def _foam(lr, sched: Schedule, *, b1=0.9, b2=0.95, weight_decay=0.0, fold_level=2,
+def _foam(lr, sched: Schedule, *, b1=0.9, b2=0.95, weight_decay=0.0, fold_level=None,
           fold_axis=-2, alpha=FOAM_ALPHA, **foam_kwargs):
+  # No fold_level: the library's default policy (level 2, lowered where a
+  # shard is too small for a block).
   if fold_axis != -2:
-    foam_kwargs["fold_spec"] = _fold_along(fold_axis, fold_level)
-  return foam_jax.foam(sched(lr), b1=b1, b2=b2, weight_decay=weight_decay,
-                       fold_level=fold_level, alpha=alpha, **foam_kwargs)
+    foam_kwargs["fold_spec"] = _fold_along(fold_axis, 2 if fold_level is None else fold_level)
+  elif fold_level is not None:
+    foam_kwargs["fold_level"] = fold_level
+  return foam_jax.foam(sched(lr), b1=b1, b2=b2, weight_decay=weight_decay, alpha=alpha,
+                       **foam_kwargs)
 
 
 def _fold_along(axis: int, level: int) -> Callable[[Any], Any]:

@@ -207,7 +207,10 @@ class Trainer:
       done = step + 1
       if step == self.start_step or done % cfg.log_every == 0 or done == cfg.steps:
         last_loss = float(loss)  # Syncs: the steps so far are complete.
-        self.clock.lap() if step > self.start_step else self.clock.start()
+        if step == self.start_step:  # It compiled: time from its end on.
+          self.clock.start()
+        else:
+          self.clock.lap()
         timed = (done - self.start_step - 1) * cfg.batch_size * self.seq_len
         rate = timed / self.clock.seconds if self.clock.seconds else float("nan")
         bar.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)

@@ -1,0 +1,25 @@
+"""The runnable examples in the docstrings of examples.llama and benchmarks.
+
+(pytest's ``--doctest-modules`` collects only ``foam_jax/``.)
+"""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    *(f"examples.llama.{m}" for m in (
+        "checkpoints", "configs", "data", "generate", "model", "optimizers", "outputs",
+        "sharding", "state", "steps", "tokenizers", "train_config")),
+    *(f"benchmarks.{m}" for m in (
+        "common", "convergence", "convergence_plan", "convergence_report", "memory",
+        "memory_report", "step_time", "step_time_report", "step_time_runners")),
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_doctests_pass(name):
+  module = importlib.import_module(name)
+  result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+  assert result.failed == 0
