@@ -98,7 +98,7 @@ def size_config(size: str, dtype: Any = "float32") -> configs.LlamaConfig:
 
   Examples:
     >>> size_config("1m").num_params()
-    1057408
+    1053824
   """
   preset, overrides = SIZES[size]
   return configs.get_config(preset, param_dtype=jnp.dtype(dtype).name, **overrides)

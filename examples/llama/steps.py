@@ -35,7 +35,8 @@ def scale_by_lr_arg() -> optax.GradientTransformationExtraArgs:
   argument of the compiled step: one compilation serves a whole lr grid.
 
   Examples:
-    >>>     >>> tx = optax.chain(optax.sgd(1.0), scale_by_lr_arg())
+    >>> import jax.numpy as jnp
+    >>> tx = optax.chain(optax.sgd(1.0), scale_by_lr_arg())
     >>> u, _ = tx.update({"w": jnp.ones(2)}, tx.init({"w": jnp.ones(2)}), lr=0.5)
     >>> u["w"].tolist()
     [-0.5, -0.5]
