@@ -1,0 +1,40 @@
+"""The committed reports are their JSON rendered: nothing in them is typed in."""
+
+import json
+import os
+
+import pytest
+
+from benchmarks import convergence_report
+from benchmarks import memory_report
+from benchmarks import step_time_report
+
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "benchmarks", "results")
+
+
+def _read(name):
+  with open(os.path.join(RESULTS, name), encoding="utf-8") as f:
+    return f.read()
+
+
+@pytest.mark.parametrize("name", ["step_time", "step_time_run2", "step_time_run3",
+                                  "step_time_bf16_stored"])
+def test_step_time_reports_render_from_their_json(name):
+  results = json.loads(_read(name + ".json"))
+  assert step_time_report.render(results) == _read(name + ".md")
+
+
+def test_memory_report_renders_from_its_json():
+  assert memory_report.render(json.loads(_read("memory.json"))) == _read("memory.md")
+
+
+def test_convergence_report_renders_from_its_json(tmp_path):
+  convergence_report.write_report(json.loads(_read("convergence.json")), str(tmp_path))
+  assert (tmp_path / "convergence.md").read_text() == _read("convergence.md")
+
+
+def test_old_optimizer_names_render_as_the_registry_spells_them():
+  report = step_time_report.render(json.loads(_read("step_time.json")))
+  assert "| foam |" in report and "| foam_l2_ax1 |" in report
+  assert "foam-l2" not in report.split("- Command:")[1].split("\n", 1)[1]
