@@ -37,10 +37,10 @@ from flax import nnx
 
 import foam_jax
 from benchmarks import common
-from benchmarks.memory_report import GB
 from benchmarks.memory_report import GIB
 from benchmarks.memory_report import PAPER_FIGURE
 from benchmarks.memory_report import headline_fits
+from benchmarks.memory_report import paper_parameter_fit
 from benchmarks.memory_report import plot_paper_figure
 from benchmarks.memory_report import render
 from examples.llama import configs
@@ -108,24 +108,6 @@ def analytic(names, dtypes=("bfloat16", "float32"), optimizers=OPTIMIZERS):
                                      else 1.0 - state_bytes / adam_state),
         })
   return rows
-
-
-def paper_parameter_fit() -> dict[str, dict[str, float]]:
-  """Parameter counts implied by the paper's figure (2 bytes per element).
-
-  Adam holds weights + 2 states: ``6 N`` bytes. FOAM l=2 saves ``1.5 M``
-  states of the ``M`` matrix parameters, i.e. ``3 M`` bytes, so
-  ``N = Adam / 6`` and ``M = (Adam - FOAM) / 3``.
-  """
-  out = {}
-  for name, fig in PAPER_FIGURE.items():
-    out[name] = {
-        "total_params": fig["adamw"] * GB / 6,
-        "matrix_params_from_foam": (fig["adamw"] - fig["foam"]) * GB / 3,
-        "matrix_params_from_muon": (fig["adamw"] - fig["muon"]) * GB / 2,
-        "matrix_params_from_mini": (fig["adamw"] - fig["foam_mini"]) * GB / 4,
-    }
-  return out
 
 
 # --------------------------------------------------------------------------

@@ -7,7 +7,8 @@ from typing import Any
 from benchmarks import common
 from examples.llama.optimizers import canonical_name
 
-__all__ = ["GB", "GIB", "PAPER_FIGURE", "headline_fits", "plot_paper_figure", "render"]
+__all__ = ["GB", "GIB", "PAPER_FIGURE", "headline_fits", "paper_parameter_fit",
+           "plot_paper_figure", "render"]
 
 GB = 1e9  # The paper's figure is in decimal GB.
 GIB = 2**30
@@ -24,6 +25,24 @@ PAPER_FIGURE = {
 # Report column order.
 OPTIMIZERS = ("adamw", "adafactor", "lion", "muon", "galore", "foam_l1",
               "foam", "foam_l3", "foam_l4", "foam_mini")
+
+
+def paper_parameter_fit() -> dict[str, dict[str, float]]:
+  """Parameter counts implied by the paper's figure (2 bytes per element).
+
+  Adam holds weights + 2 states: ``6 N`` bytes. FOAM l=2 saves ``1.5 M``
+  states of the ``M`` matrix parameters, i.e. ``3 M`` bytes, so
+  ``N = Adam / 6`` and ``M = (Adam - FOAM) / 3``.
+  """
+  out = {}
+  for name, fig in PAPER_FIGURE.items():
+    out[name] = {
+        "total_params": fig["adamw"] * GB / 6,
+        "matrix_params_from_foam": (fig["adamw"] - fig["foam"]) * GB / 3,
+        "matrix_params_from_muon": (fig["adamw"] - fig["muon"]) * GB / 2,
+        "matrix_params_from_mini": (fig["adamw"] - fig["foam_mini"]) * GB / 4,
+    }
+  return out
 
 
 def headline_fits(rows):
