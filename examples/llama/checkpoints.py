@@ -50,6 +50,19 @@ def restore(mngr: ocp.CheckpointManager, step: int,
   Raises:
     ValueError: the checkpoint's arrays do not fit this run's state (another
       model or optimizer): the message names the step and the directory.
+
+  Examples:
+    >>> import tempfile, optax
+    >>> from examples.llama import configs, sharding, state
+    >>> mesh = sharding.make_mesh({"fsdp": 1, "tp": 1})
+    >>> cfg = configs.get_config("tiny", num_layers=1)
+    >>> _, st, _ = state.create_state(cfg, optax.adam(1e-3), mesh, seed=0)
+    >>> mngr = manager(tempfile.mkdtemp())
+    >>> save(mngr, 7, st, {"step": 7})
+    >>> _, fresh, _ = state.create_state(cfg, optax.adam(1e-3), mesh, seed=1)
+    >>> fresh, meta = restore(mngr, 7, fresh)
+    >>> meta, bool((fresh[0]["lm_head"]["kernel"][...] == st[0]["lm_head"]["kernel"][...]).all())
+    ({'step': 7}, True)
   """
   target = jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.to_pure_dict(state))
   try:
