@@ -98,7 +98,7 @@ def test_explicit_specs_and_second_moment_forms(second_moment):
   hp = dict(lr=1e-2, b1=0.8, b2=0.99, eps=1e-6, wd=0.0, alpha=0.5, c=1.0)
   tx = foam_jax.foam(hp["lr"], b1=hp["b1"], b2=hp["b2"], eps=hp["eps"],
                      alpha=hp["alpha"], fold_level=1, fold_spec=specs,
-                     second_moment=second_moment)
+                     second_moment=second_moment, weight_decay=0.0)
   ref = NumpyFoam(rules, second_moment=second_moment, **hp)
   worst, _ = _run_parity(tx, ref, steps=30, seed=1)
   assert worst < 1e-5
@@ -128,7 +128,7 @@ def test_level_zero_with_alpha_one_is_optax_adam():
             "b": jnp.asarray(rng.standard_normal(6), jnp.float32)}
   # eps=0: both forms of bias correction coincide exactly.
   for eps, rtol in [(0.0, 2e-6), (1e-8, 1e-4)]:
-    foam_tx = foam_jax.foam(1e-2, eps=eps, fold_level=0)
+    foam_tx = foam_jax.foam(1e-2, eps=eps, fold_level=0, weight_decay=0.0)
     adam_tx = optax.adam(1e-2, eps=eps)
     fp, ap = params, params
     fs, as_ = foam_tx.init(fp), adam_tx.init(ap)
@@ -142,7 +142,7 @@ def test_level_zero_with_alpha_one_is_optax_adam():
 
 def test_updates_come_back_in_param_dtype_and_states_in_given_dtype():
   params = {"w": jnp.ones((8, 4), jnp.bfloat16), "b": jnp.ones((4,), jnp.bfloat16)}
-  tx = foam_jax.foam(1e-2)
+  tx = foam_jax.foam(1e-2, weight_decay=0.0)
   state = tx.init(params)
   assert state[0].mu["w"].dtype == jnp.bfloat16
   updates, state = tx.update(jax.tree.map(jnp.ones_like, params), state, params)
@@ -150,7 +150,7 @@ def test_updates_come_back_in_param_dtype_and_states_in_given_dtype():
   assert all(jnp.isfinite(u.astype(jnp.float32)).all() for u in jax.tree.leaves(updates))
 
   params32 = jax.tree.map(lambda p: p.astype(jnp.float32), params)
-  tx = foam_jax.foam(1e-2, mu_dtype=jnp.bfloat16, nu_dtype="bfloat16")
+  tx = foam_jax.foam(1e-2, mu_dtype=jnp.bfloat16, nu_dtype="bfloat16", weight_decay=0.0)
   state = tx.init(params32)
   assert {x.dtype for x in jax.tree.leaves(state[0].mu)} == {jnp.dtype(jnp.bfloat16)}
   assert {x.dtype for x in jax.tree.leaves(state[0].nu)} == {jnp.dtype(jnp.bfloat16)}
@@ -162,7 +162,7 @@ def test_updates_come_back_in_param_dtype_and_states_in_given_dtype():
 def test_low_precision_states_track_float32_states():
   rng = np.random.default_rng(3)
   params = {"w": jnp.asarray(rng.standard_normal((16, 8)), jnp.float32)}
-  full, low = foam_jax.foam(1e-2), foam_jax.foam(1e-2, mu_dtype=jnp.bfloat16)
+  full, low = foam_jax.foam(1e-2, weight_decay=0.0), foam_jax.foam(1e-2, mu_dtype=jnp.bfloat16, weight_decay=0.0)
   sf, sl = full.init(params), low.init(params)
   for _ in range(10):
     g = {"w": jnp.asarray(rng.standard_normal((16, 8)), jnp.float32)}
