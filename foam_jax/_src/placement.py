@@ -83,12 +83,21 @@ def zeros_like_placed(shape, dtype, leaf: Any) -> jax.Array:
 
 
 def count_zeros(params: Any) -> jax.Array:
-  """A zero ``int32`` step count, replicated over the params' mesh if known."""
+  """A zero ``int32`` step count placed with the params.
+
+  Replicated over the params' mesh when they are sharded, on their device
+  when they are committed to one, and uncommitted when they are: then a
+  jitted step's outputs are placed as its inputs and its second call does not
+  recompile (``optax.adamw``'s uncommitted count recompiles once for
+  committed params).
+  """
   for leaf in jax.tree.leaves(params):
     sharding = known_sharding(leaf)
+    if sharding is None:
+      continue
     if isinstance(sharding, NamedSharding):
-      replicated = NamedSharding(sharding.mesh, PartitionSpec())
-      if isinstance(leaf, jax.core.Tracer):
-        return jnp.zeros([], jnp.int32, out_sharding=replicated)
-      return jnp.zeros([], jnp.int32, device=replicated)
+      sharding = NamedSharding(sharding.mesh, PartitionSpec())
+    if isinstance(leaf, jax.core.Tracer):
+      return jnp.zeros([], jnp.int32, out_sharding=sharding)
+    return jnp.zeros([], jnp.int32, device=sharding)
   return jnp.zeros([], jnp.int32)
