@@ -132,7 +132,7 @@ def make_optimizer(name: str, lr: float, total_steps: int, *,
         weight_dimension_numbers=memory_bench.matrix_dims(
             optax_contrib.GaLoreDimensionNumbers))
   if name in ("foam", "foam_mini"):
-    kw = dict(b1=0.9, b2=0.95, alpha=0.25)
+    kw = dict(b1=0.9, b2=0.95, weight_decay=0.0, alpha=0.25)
     kw.update(foam_kwargs)
     if name == "foam_mini":
       return foam_jax.foam_mini(sched, **kw)

@@ -205,9 +205,9 @@ def make_optimizer(name: str, hidden: int, lr: float = 1e-3
         weight_dimension_numbers=matrix_dims(
             optax_contrib.GaLoreDimensionNumbers))
   if name.startswith("foam_l"):
-    return foam_jax.foam(lr, fold_level=int(name[len("foam_l"):]))
+    return foam_jax.foam(lr, weight_decay=0.0, fold_level=int(name[len("foam_l"):]))
   if name == "foam_mini":
-    return foam_jax.foam_mini(lr)
+    return foam_jax.foam_mini(lr, weight_decay=0.0)
   raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}.")
 
 

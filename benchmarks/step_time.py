@@ -144,11 +144,11 @@ def optimizers(lr: float = 1e-3) -> dict[str, Callable[[], optax.GradientTransfo
   if hasattr(optax.contrib, "galore"):
     out["galore"] = lambda: optax.contrib.galore(lr)
   for level in (1, 2, 3, 4):
-    out[f"foam-l{level}"] = lambda level=level: foam_jax.foam(lr, fold_level=level)
+    out[f"foam-l{level}"] = lambda level=level: foam_jax.foam(lr, weight_decay=0.0, fold_level=level)
   for level in (1, 2, 3, 4):
     out[f"foam-l{level}-ax-1"] = lambda level=level: foam_jax.foam(
-        lr, fold_level=level, fold_spec=_foam_axis(-1, level))
-  out["foam-mini"] = lambda: foam_jax.foam_mini(lr)
+        lr, weight_decay=0.0, fold_level=level, fold_spec=_foam_axis(-1, level))
+  out["foam-mini"] = lambda: foam_jax.foam_mini(lr, weight_decay=0.0)
   return out
 
 

@@ -103,7 +103,7 @@ def run(steps: int = 5, seed: int = 0) -> dict[str, np.ndarray]:
   """
   mesh = make_mesh()
   params = init_params(mesh, seed)
-  tx = foam_jax.foam(1e-2)
+  tx = foam_jax.foam(1e-2, weight_decay=0.0)
   # Eager init on the sharded params: states are allocated sharded like them.
   state = tx.init(params)
 
