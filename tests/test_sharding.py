@@ -441,3 +441,24 @@ def test_foam_mini_folds_each_shard_into_one_block():
       np.asarray(params["kernel"]), (0, 16)
   )
   np.testing.assert_allclose(new_params["kernel"], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["foam", "foam_mini"])
+@pytest.mark.parametrize("name", ["fsdp", "fsdp_tp"])
+def test_sharded_step_compiles_once_and_keeps_state_shardings(name, optimizer):
+  """Step 1's outputs are placed like its inputs: step 2 reuses the compile.
+
+  (``optax.adamw`` compiles twice here: its step count starts uncommitted.)
+  """
+  layout = LAYOUTS[name]
+  mesh = _mesh(layout, AxisType.Auto)
+  params = _sharded_params(layout, mesh)
+  tx = {"foam": foam_jax.foam(LR), "foam_mini": foam_jax.foam_mini(LR)}[optimizer]
+  state = tx.init(params)
+  step = jax.jit(_step_fn(tx), donate_argnums=(0, 2))
+  grads = jax.tree.map(lambda p: p * 0.5, params)
+  shardings = jax.tree.map(lambda x: x.sharding, state)
+  params, state = step(params, grads, state)
+  params, state = step(params, grads, state)
+  assert step._cache_size() == 1  # pylint: disable=protected-access
+  assert jax.tree.map(lambda x: x.sharding, state) == shardings
