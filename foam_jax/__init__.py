@@ -2,48 +2,85 @@
 
 Replace ``optax.adamw(lr)`` with ``foam_jax.foam(lr)``: same training loop,
 75-90% less optimizer state on the model's matrices.
+
+Public API:
+
+* optimizers: :func:`foam` (``optax.adamw``'s signature), :func:`foam_mini`,
+  and the transformation :func:`scale_by_foam` with its state
+  :class:`ScaleByFoamState`;
+* what to fold: :class:`FoldSpec`, :func:`default_fold_specs`;
+* the paper's learning-rate schedule: :func:`paper_schedule`;
+* memory planning: :func:`state_bytes`;
+* sharded states and restore targets: the :mod:`foam_jax.sharding`
+  namespace.
 """
 
-from foam_jax.alias import foam
-from foam_jax.alias import foam_mini
-from foam_jax.alias import paper_schedule
-from foam_jax.folding import fold
-from foam_jax.folding import residual
-from foam_jax.folding import unfold
-from foam_jax.folding import WHOLE_AXIS_LEVEL
-from foam_jax.memory import state_bytes
-from foam_jax.memory import tree_bytes
-from foam_jax import sharding
-from foam_jax.sharding import abstract_state
-from foam_jax.sharding import count_collectives
-from foam_jax.sharding import fitted_fold_specs
-from foam_jax.sharding import state_shardings
-from foam_jax.sharding import straddling_blocks
-from foam_jax.specs import default_fold_specs
-from foam_jax.specs import FoldSpec
-from foam_jax.transform import scale_by_foam
-from foam_jax.transform import ScaleByFoamState
+import importlib as _importlib
+import warnings as _warnings
 
-__version__ = "0.1.0"
+from foam_jax import sharding
+from foam_jax._src.alias import foam
+from foam_jax._src.alias import foam_mini
+from foam_jax._src.alias import paper_schedule
+from foam_jax._src.memory import state_bytes
+from foam_jax._src.specs import default_fold_specs
+from foam_jax._src.specs import FoldSpec
+from foam_jax._src.transform import scale_by_foam
+from foam_jax._src.transform import ScaleByFoamState
+
+__version__ = "0.2.0"
 
 __all__ = [
     "FoldSpec",
     "ScaleByFoamState",
-    "WHOLE_AXIS_LEVEL",
-    "abstract_state",
-    "count_collectives",
     "default_fold_specs",
-    "fitted_fold_specs",
     "foam",
     "foam_mini",
-    "fold",
     "paper_schedule",
-    "residual",
     "scale_by_foam",
     "sharding",
-    "state_shardings",
     "state_bytes",
-    "straddling_blocks",
-    "tree_bytes",
-    "unfold",
 ]
+
+# Names that left the top level in 0.2.0: they keep working, with a
+# DeprecationWarning, until 0.3.0. Name -> (module, attribute, replacement).
+_DEPRECATED = {
+    "abstract_state": ("foam_jax._src.sharding", "abstract_state",
+                       "foam_jax.sharding.abstract_state"),
+    "state_shardings": ("foam_jax._src.sharding", "state_shardings",
+                        "foam_jax.sharding.state_shardings"),
+    "fitted_fold_specs": ("foam_jax._src.sharding", "fitted_fold_specs",
+                          "foam_jax.sharding.fitted_fold_specs"),
+    "straddling_blocks": ("foam_jax._src.sharding", "straddling_blocks",
+                          "foam_jax.sharding.straddling_blocks"),
+    "count_collectives": ("foam_jax._src.hlo", "count_collectives",
+                          "a count of collective opcodes in compiled.as_text()"),
+    "tree_bytes": ("foam_jax._src.memory", "tree_bytes",
+                   "foam_jax.state_bytes, or sum(x.nbytes for x in leaves)"),
+    "fold": ("foam_jax._src.folding", "fold", "no public replacement"),
+    "unfold": ("foam_jax._src.folding", "unfold", "no public replacement"),
+    "residual": ("foam_jax._src.folding", "residual", "no public replacement"),
+    "WHOLE_AXIS_LEVEL": ("foam_jax._src.folding", "WHOLE_AXIS_LEVEL",
+                         "foam_jax.foam_mini"),
+    # Former public modules, now private.
+    "folding": ("foam_jax._src.folding", None, "no public replacement"),
+    "specs": ("foam_jax._src.specs", None, "foam_jax.FoldSpec and "
+              "foam_jax.default_fold_specs"),
+    "transform": ("foam_jax._src.transform", None, "foam_jax.scale_by_foam"),
+    "alias": ("foam_jax._src.alias", None, "foam_jax.foam"),
+    "memory": ("foam_jax._src.memory", None, "foam_jax.state_bytes"),
+}
+
+
+def __getattr__(name):
+  if name not in _DEPRECATED:
+    raise AttributeError(f"module 'foam_jax' has no attribute {name!r}")
+  module_name, attribute, replacement = _DEPRECATED[name]
+  _warnings.warn(
+      f"foam_jax.{name} is deprecated and will be removed in foam_jax 0.3.0; "
+      f"use {replacement}.",
+      DeprecationWarning,
+      stacklevel=2,
+  )
+  module = _importlib.import_module(module_name)
+  return module if attribute is None else getattr(module, attribute)

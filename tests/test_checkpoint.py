@@ -2,14 +2,14 @@
 
 Recipe under test (also in the README):
 
-1. Build the optimizer with ``fold_spec=foam_jax.fitted_fold_specs(params)``
+1. Build the optimizer with ``fold_spec=foam_jax.sharding.fitted_fold_specs(params)``
    on the training mesh, so the fold of every leaf is pinned and does not
    depend on the mesh a checkpoint is later restored onto.
 2. Save ``{"params": ..., "opt_state": ...}`` with Orbax.
 3. Restore onto any mesh with a target of ``jax.ShapeDtypeStruct`` s whose
    shardings come from the new mesh: the params' own, and
-   ``foam_jax.abstract_state(tx, params)`` for the state (its shapes, with
-   shardings from ``foam_jax.state_shardings``).
+   ``foam_jax.sharding.abstract_state(tx, params)`` for the state (its shapes, with
+   shardings from ``foam_jax.sharding.state_shardings``).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def _target(tx, mesh):
   abstract_params = _abstract_params(mesh)
   return {
       "params": abstract_params,
-      "opt_state": foam_jax.abstract_state(tx, abstract_params),
+      "opt_state": foam_jax.sharding.abstract_state(tx, abstract_params),
   }
 
 
@@ -106,7 +106,7 @@ def saved(tmp_path_factory):
   """3 steps on 8 devices, saved; plus the uninterrupted 6-step run."""
   mesh = _mesh(8)
   params = _init_params(mesh)
-  tx = foam_jax.foam(1e-2, fold_spec=foam_jax.fitted_fold_specs(params))
+  tx = foam_jax.foam(1e-2, fold_spec=foam_jax.sharding.fitted_fold_specs(params), weight_decay=0.0)
   state = tx.init(params)
   assert state[0].mu["mix"].shape == (16, 4)  # Folded on the unsharded axis.
   mid_params, mid_state = _train(tx, params, state, mesh, 0, STEPS)

@@ -56,8 +56,8 @@ def test_schedule_scales_the_step():
   params = _params()
   grads = _grads(params)
   sched = optax.linear_schedule(1.0, 0.0, transition_steps=4)
-  tx_s = foam_jax.foam(sched)
-  tx_c = foam_jax.foam(1.0)
+  tx_s = foam_jax.foam(sched, weight_decay=0.0)
+  tx_c = foam_jax.foam(1.0, weight_decay=0.0)
   s_s, s_c = tx_s.init(params), tx_c.init(params)
   for t in range(5):
     u_s, s_s = tx_s.update(grads, s_s, params)
@@ -69,18 +69,18 @@ def test_schedule_scales_the_step():
 
 def test_chain_with_clipping_and_extra_args():
   params = _params()
-  tx = optax.chain(optax.clip_by_global_norm(1e-3), foam_jax.foam(1e-2))
+  tx = optax.chain(optax.clip_by_global_norm(1e-3), foam_jax.foam(1e-2, weight_decay=0.0))
   state = tx.init(params)
   big = jax.tree.map(lambda g: 1e6 * g, _grads(params))
   updates, state = tx.update(big, state, params, value=jnp.asarray(1.0), extra=3)
   assert all(bool(jnp.isfinite(u).all()) for u in jax.tree.leaves(updates))
-  assert isinstance(foam_jax.foam(1e-3), optax.GradientTransformationExtraArgs)
+  assert isinstance(foam_jax.foam(1e-3, weight_decay=0.0), optax.GradientTransformationExtraArgs)
 
 
 def test_multisteps_accumulates_then_applies():
   params = _params()
-  tx = optax.MultiSteps(foam_jax.foam(1e-2), every_k_schedule=2)
-  ref = foam_jax.foam(1e-2)
+  tx = optax.MultiSteps(foam_jax.foam(1e-2, weight_decay=0.0), every_k_schedule=2)
+  ref = foam_jax.foam(1e-2, weight_decay=0.0)
   state, ref_state = tx.init(params), ref.init(params)
   g1, g2 = _grads(params, 1), _grads(params, 2)
   u1, state = tx.update(g1, state, params)
@@ -94,7 +94,7 @@ def test_multisteps_accumulates_then_applies():
 def test_masked_hands_masked_nodes_and_leaves_them_alone():
   params = _params()
   mask = {"dense": {"kernel": True, "bias": False}, "embed_tokens": False}
-  tx = optax.masked(foam_jax.foam(1e-2), mask)
+  tx = optax.masked(foam_jax.foam(1e-2, weight_decay=0.0), mask)
   state = tx.init(params)
   inner = state.inner_state[0]
   assert isinstance(inner.mu["dense"]["bias"], optax.MaskedNode)
@@ -119,7 +119,7 @@ def test_masked_with_explicit_spec_tree():
 def test_partition_foam_and_sgd():
   params = _params()
   labels = {"dense": {"kernel": "foam", "bias": "sgd"}, "embed_tokens": "sgd"}
-  tx = optax.partition({"foam": foam_jax.foam(1e-2), "sgd": optax.sgd(1e-2)}, labels)
+  tx = optax.partition({"foam": foam_jax.foam(1e-2, weight_decay=0.0), "sgd": optax.sgd(1e-2)}, labels)
   state = tx.init(params)
   grads = _grads(params)
   updates, state = jax.jit(tx.update)(grads, state, params)
@@ -129,7 +129,7 @@ def test_partition_foam_and_sgd():
 
 def test_apply_if_finite_skips_nan_steps():
   params = _params()
-  tx = optax.apply_if_finite(foam_jax.foam(1e-2), max_consecutive_errors=3)
+  tx = optax.apply_if_finite(foam_jax.foam(1e-2, weight_decay=0.0), max_consecutive_errors=3)
   state = tx.init(params)
   _, state = tx.update(_grads(params), state, params)
   bad = jax.tree.map(lambda g: g.at[0].set(jnp.nan), _grads(params, 5))
@@ -158,7 +158,7 @@ def test_no_recompilation_across_steps():
 
 def test_donated_jit_step():
   params = _params()
-  tx = foam_jax.foam(1e-2)
+  tx = foam_jax.foam(1e-2, weight_decay=0.0)
   state = tx.init(params)
 
   def step(params, state, grads):
@@ -184,7 +184,7 @@ class _TinyLM(nnx.Module):
 
 def test_nnx_optimizer_trains_and_folds_the_right_leaves():
   model = _TinyLM(nnx.Rngs(0))
-  optimizer = nnx.Optimizer(model, foam_jax.foam(3e-2), wrt=nnx.Param)
+  optimizer = nnx.Optimizer(model, foam_jax.foam(3e-2, weight_decay=0.0), wrt=nnx.Param)
   mu = optimizer.opt_state[0].mu
   assert mu["mlp"]["kernel"][...].shape == (4, 32)
   assert mu["embed_tokens"]["embedding"][...].shape == (12, 16)
@@ -210,7 +210,7 @@ def test_nnx_optimizer_trains_and_folds_the_right_leaves():
 
 def test_bf16_params_train():
   params = jax.tree.map(lambda p: p.astype(jnp.bfloat16), _params())
-  tx = foam_jax.foam(1e-2, mu_dtype=jnp.float32)
+  tx = foam_jax.foam(1e-2, mu_dtype=jnp.float32, weight_decay=0.0)
   state = tx.init(params)
   assert state[0].mu["dense"]["kernel"].dtype == jnp.float32
   assert state[0].nu["dense"]["kernel"].dtype == jnp.bfloat16

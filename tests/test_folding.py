@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from foam_jax import folding
+from foam_jax._src import folding
 from reference import np_fold, np_unfold
 
 SETTINGS = hypothesis.settings(max_examples=30, deadline=None, derandomize=True)

@@ -29,8 +29,13 @@ from jax.sharding import PartitionSpec as P
 
 import foam_jax
 from foam_jax import sharding as sharding_lib
+from foam_jax._src.hlo import COLLECTIVES, count_collectives
 
 B1, B2, EPS, LR = 0.9, 0.999, 1e-8, 1e-2
+
+
+def _bytes(tree) -> int:
+  return sum(x.nbytes for x in jax.tree.leaves(tree))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,9 +142,9 @@ def test_states_sharded_like_params_and_step_matches_reference(name):
   mesh = _mesh(layout)
   params = _sharded_params(layout, mesh)
   grads = _sharded_params(layout, mesh, seed=1)
-  tx = foam_jax.foam(LR)
+  tx = foam_jax.foam(LR, weight_decay=0.0)
   state = tx.init(params)
-  shardings = foam_jax.state_shardings(tx, params)
+  shardings = foam_jax.sharding.state_shardings(tx, params)
   for key, leaf in layout.leaves.items():
     for moments in (state[0].mu, state[0].nu):
       assert moments[key].shape == _folded_shape(leaf)
@@ -166,7 +171,7 @@ def test_compiled_update_has_no_collectives(name, optimizer, axis_type):
   layout = LAYOUTS[name]
   mesh = _mesh(layout, axis_type)
   params = _sharded_params(layout, mesh)
-  tx = foam_jax.foam(LR) if optimizer == "foam" else optax.adamw(LR)
+  tx = foam_jax.foam(LR, weight_decay=0.0) if optimizer == "foam" else optax.adamw(LR)
   state = tx.init(params)  # Eager: allocated sharded like the params.
   for key, leaf in layout.leaves.items():
     assert state[0].mu[key].sharding.spec == leaf.spec
@@ -174,8 +179,8 @@ def test_compiled_update_has_no_collectives(name, optimizer, axis_type):
     if optimizer == "foam":
       assert state[0].nu[key].shape == _folded_shape(leaf)
   hlo = jax.jit(_step_fn(tx)).lower(params, params, state).compile().as_text()
-  counts = foam_jax.count_collectives(hlo)
-  assert counts == dict.fromkeys(sharding_lib.COLLECTIVES, 0), counts
+  counts = count_collectives(hlo)
+  assert counts == dict.fromkeys(COLLECTIVES, 0), counts
 
 
 def test_count_collectives_sees_a_reduction():
@@ -183,22 +188,22 @@ def test_count_collectives_sees_a_reduction():
   layout = LAYOUTS["fsdp"]
   params = _sharded_params(layout, _mesh(layout))
   hlo = jax.jit(lambda p: jnp.sum(p["kernel"])).lower(params).compile().as_text()
-  assert sum(foam_jax.count_collectives(hlo).values()) >= 1
+  assert sum(count_collectives(hlo).values()) >= 1
   with pytest.raises(TypeError, match="hlo_text"):
-    foam_jax.count_collectives(b"bytes")
+    count_collectives(b"bytes")
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_state_is_folded_size(name):
   layout = LAYOUTS[name]
   params = _sharded_params(layout, _mesh(layout))
-  foam_state = foam_jax.foam(LR).init(params)[0]
+  foam_state = foam_jax.foam(LR, weight_decay=0.0).init(params)[0]
   adam_state = optax.adam(LR).init(params)[0]
   want = sum(np.prod(_folded_shape(l)) for l in layout.leaves.values()) / sum(
       np.prod(l.shape) for l in layout.leaves.values()
   )
-  ratio = foam_jax.tree_bytes((foam_state.mu, foam_state.nu)) / (
-      foam_jax.tree_bytes((adam_state.mu, adam_state.nu))
+  ratio = _bytes((foam_state.mu, foam_state.nu)) / (
+      _bytes((adam_state.mu, adam_state.nu))
   )
   assert ratio == pytest.approx(want)
 
@@ -208,7 +213,7 @@ def test_explicit_axes_jit_init_and_update(name):
   layout = LAYOUTS[name]
   mesh = _mesh(layout, AxisType.Explicit)
   params = _sharded_params(layout, mesh)
-  tx = foam_jax.foam(LR)
+  tx = foam_jax.foam(LR, weight_decay=0.0)
   with jax.set_mesh(mesh):
     state = jax.jit(tx.init)(params)  # Tracers carry the shardings.
     for key, leaf in layout.leaves.items():
@@ -217,7 +222,7 @@ def test_explicit_axes_jit_init_and_update(name):
     step = jax.jit(_step_fn(tx))
     hlo = step.lower(params, params, state).compile().as_text()
     _, new_state = step(params, params, state)
-  assert sum(foam_jax.count_collectives(hlo).values()) == 0
+  assert sum(count_collectives(hlo).values()) == 0
   for key, leaf in layout.leaves.items():
     assert new_state[0].nu[key].sharding.spec == leaf.spec
 
@@ -230,7 +235,7 @@ def test_abstract_init_keeps_shardings():
           (32, 64), jnp.float32, sharding=NamedSharding(mesh, P("data", "model"))
       )
   }
-  tx = foam_jax.foam(LR)
+  tx = foam_jax.foam(LR, weight_decay=0.0)
   state = jax.eval_shape(tx.init, abstract)
   assert state[0].mu["kernel"].shape == (8, 64)
   assert state[0].mu["kernel"].sharding.spec == P("data", "model")
@@ -241,12 +246,12 @@ def test_state_shardings_drive_jit_init_under_auto_axes():
   layout = LAYOUTS["scan_stacked"]
   mesh = _mesh(layout, AxisType.Auto)
   params = _sharded_params(layout, mesh)
-  tx = optax.chain(optax.clip_by_global_norm(1.0), foam_jax.foam(LR))
+  tx = optax.chain(optax.clip_by_global_norm(1.0), foam_jax.foam(LR, weight_decay=0.0))
   abstract = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
       params,
   )
-  shardings = foam_jax.state_shardings(tx, abstract)
+  shardings = foam_jax.sharding.state_shardings(tx, abstract)
   state = jax.jit(tx.init, out_shardings=shardings)(params)
   moments = state[1][0].mu["layers"]
   assert moments.shape == (3, 8, 16)
@@ -261,17 +266,17 @@ def test_narrow_leaf_under_auto_jit_needs_pinned_specs():
   # Traced with automatic axes, init cannot see that 2 rows per shard do not
   # hold a block of 4; state_shardings says so instead of sharding wrongly.
   with pytest.raises(ValueError, match=r"\['kernel'\].*fitted_fold_specs"):
-    foam_jax.state_shardings(foam_jax.foam(LR), params)
-  pinned = foam_jax.fitted_fold_specs(params)
+    foam_jax.sharding.state_shardings(foam_jax.foam(LR, weight_decay=0.0), params)
+  pinned = foam_jax.sharding.fitted_fold_specs(params)
   assert pinned == {"kernel": foam_jax.FoldSpec(axis=-1, level=2)}
-  tx = foam_jax.foam(LR, fold_spec=pinned)
-  state = jax.jit(tx.init, out_shardings=foam_jax.state_shardings(tx, params))(
+  tx = foam_jax.foam(LR, fold_spec=pinned, weight_decay=0.0)
+  state = jax.jit(tx.init, out_shardings=foam_jax.sharding.state_shardings(tx, params))(
       params
   )
   assert state[0].mu["kernel"].shape == (16, 8)
   assert state[0].mu["kernel"].sharding.spec == P("data", None)
   hlo = jax.jit(_step_fn(tx)).lower(params, params, state).compile().as_text()
-  assert sum(foam_jax.count_collectives(hlo).values()) == 0
+  assert sum(count_collectives(hlo).values()) == 0
 
 
 def test_explicit_spec_that_straddles_raises_naming_leaf_axis_and_shard():
@@ -279,32 +284,32 @@ def test_explicit_spec_that_straddles_raises_naming_leaf_axis_and_shard():
   params = _sharded_params(layout, _mesh(layout))
   spec = {"kernel": foam_jax.FoldSpec(axis=-2, level=2)}
   with pytest.raises(ValueError, match=r"\['kernel'\].*axis -2.*pieces of 2"):
-    foam_jax.foam(LR, fold_spec=spec).init(params)
-  assert foam_jax.straddling_blocks(params, spec) == [
+    foam_jax.foam(LR, fold_spec=spec, weight_decay=0.0).init(params)
+  assert foam_jax.sharding.straddling_blocks(params, spec) == [
       foam_jax.sharding.Straddle("['kernel']", -2, 4, 2)
   ]
-  assert foam_jax.straddling_blocks(params) == [  # The paper's policy, unfitted.
+  assert foam_jax.sharding.straddling_blocks(params) == [  # The paper's policy, unfitted.
       foam_jax.sharding.Straddle("['kernel']", -2, 4, 2)
   ]
-  fitted = foam_jax.fitted_fold_specs(params)
-  assert foam_jax.straddling_blocks(params, fitted) == []
+  fitted = foam_jax.sharding.fitted_fold_specs(params)
+  assert foam_jax.sharding.straddling_blocks(params, fitted) == []
 
 
 def test_state_shardings_rejects_unsharded_params():
   with pytest.raises(ValueError, match="params must carry NamedShardings"):
-    foam_jax.state_shardings(
-        foam_jax.foam(LR), {"w": jax.ShapeDtypeStruct((8, 8), jnp.float32)}
+    foam_jax.sharding.state_shardings(
+        foam_jax.foam(LR, weight_decay=0.0), {"w": jax.ShapeDtypeStruct((8, 8), jnp.float32)}
     )
 
 
 WRAPPERS = {
     "masked": lambda: optax.masked(
-        foam_jax.foam(LR), {"kernel": True, "bias": False}
+        foam_jax.foam(LR, weight_decay=0.0), {"kernel": True, "bias": False}
     ),
     "inject_hyperparams": lambda: optax.inject_hyperparams(
         foam_jax.foam, static_args=("fold_level",)
     )(learning_rate=LR),
-    "multi_steps": lambda: optax.MultiSteps(foam_jax.foam(LR), 4),
+    "multi_steps": lambda: optax.MultiSteps(foam_jax.foam(LR, weight_decay=0.0), 4),
 }
 
 
@@ -328,7 +333,7 @@ def test_state_shardings_through_optax_wrappers(wrapper):
       "bias": jax.device_put(jnp.zeros((64,)), NamedSharding(mesh, P("model"))),
   }
   tx = WRAPPERS[wrapper]()
-  shardings = foam_jax.state_shardings(tx, params)
+  shardings = foam_jax.sharding.state_shardings(tx, params)
   state = jax.jit(tx.init, out_shardings=shardings)(params)
   foam_state = _foam_state(state)
   assert foam_state.mu["kernel"].shape == (8, 64)
@@ -359,7 +364,7 @@ class _Mlp(nnx.Module):
 
 
 def _make_optimizer():
-  return nnx.Optimizer(_Mlp(nnx.Rngs(0)), foam_jax.foam(LR), wrt=nnx.Param)
+  return nnx.Optimizer(_Mlp(nnx.Rngs(0)), foam_jax.foam(LR, weight_decay=0.0), wrt=nnx.Param)
 
 
 @pytest.mark.parametrize(
@@ -404,7 +409,7 @@ def test_linen_boxed_path():
       init_params, out_shardings=to_shardings(nn.get_partition_spec(abstract_params))
   )(jax.random.key(0))
 
-  tx = foam_jax.foam(LR)
+  tx = foam_jax.foam(LR, weight_decay=0.0)
   abstract_state = jax.eval_shape(tx.init, abstract_params)
   state_specs = nn.get_partition_spec(abstract_state)
   assert state_specs[0].mu["kernel"] == P("data", "model")
@@ -425,14 +430,35 @@ def test_foam_mini_folds_each_shard_into_one_block():
   """FOAM-Mini's whole-axis block would span shards: it shrinks to a shard."""
   layout = LAYOUTS["fsdp_tp"]  # (32, 64), axis -2 split 2 ways: 16 rows each.
   params = _sharded_params(layout, _mesh(layout))
-  tx = foam_jax.foam_mini(LR)
+  tx = foam_jax.foam_mini(LR, weight_decay=0.0)
   state = tx.init(params)
   assert state[0].mu["kernel"].shape == (2, 64)
   assert state[0].mu["kernel"].sharding.spec == P("data", "model")
   hlo = jax.jit(_step_fn(tx)).lower(params, params, state).compile().as_text()
-  assert sum(foam_jax.count_collectives(hlo).values()) == 0
+  assert sum(count_collectives(hlo).values()) == 0
   new_params, _ = jax.jit(_step_fn(tx))(params, params, state)
   want = np.asarray(params["kernel"], np.float64) - LR * _reference_first_update(
       np.asarray(params["kernel"]), (0, 16)
   )
   np.testing.assert_allclose(new_params["kernel"], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["foam", "foam_mini"])
+@pytest.mark.parametrize("name", ["fsdp", "fsdp_tp"])
+def test_sharded_step_compiles_once_and_keeps_state_shardings(name, optimizer):
+  """Step 1's outputs are placed like its inputs: step 2 reuses the compile.
+
+  (``optax.adamw`` compiles twice here: its step count starts uncommitted.)
+  """
+  layout = LAYOUTS[name]
+  mesh = _mesh(layout, AxisType.Auto)
+  params = _sharded_params(layout, mesh)
+  tx = {"foam": foam_jax.foam(LR), "foam_mini": foam_jax.foam_mini(LR)}[optimizer]
+  state = tx.init(params)
+  step = jax.jit(_step_fn(tx), donate_argnums=(0, 2))
+  grads = jax.tree.map(lambda p: p * 0.5, params)
+  shardings = jax.tree.map(lambda x: x.sharding, state)
+  params, state = step(params, grads, state)
+  params, state = step(params, grads, state)
+  assert step._cache_size() == 1  # pylint: disable=protected-access
+  assert jax.tree.map(lambda x: x.sharding, state) == shardings

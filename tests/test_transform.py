@@ -9,6 +9,7 @@ import pytest
 
 import foam_jax
 from foam_jax import FoldSpec
+import reference
 from reference import LeafRule, NumpyFoam
 
 # A pytree with every kind of leaf the default policy meets.
@@ -32,15 +33,20 @@ DEFAULT_RULES = {
 }
 
 
-def _random_tree(rng, shapes, scale=1.0):
-  return {k: (scale * rng.standard_normal(s)).astype(np.float32) for k, s in shapes.items()}
+def _random_tree(rng, shapes, scale=1.0, dtype=np.float32):
+  def draw(s):
+    x = scale * rng.standard_normal(s)
+    if np.issubdtype(dtype, np.complexfloating):
+      x = x + 1j * scale * rng.standard_normal(s)
+    return x.astype(dtype)
+  return {k: draw(s) for k, s in shapes.items()}
 
 
-def _run_parity(tx, ref, steps=32, seed=0, grad_scale=1.0):
+def _run_parity(tx, ref, steps=32, seed=0, grad_scale=1.0, dtype=np.float32):
   rng = np.random.default_rng(seed)
-  params = _random_tree(rng, SHAPES)
+  params = _random_tree(rng, SHAPES, dtype=dtype)
   ref.init(params)
-  ref_params = {k: v.astype(np.float64) for k, v in params.items()}
+  ref_params = {k: reference.wide(v) for k, v in params.items()}
   params = jax.tree.map(jnp.asarray, params)
   state = tx.init(params)
   step = jax.jit(lambda g, s, p: tx.update(g, s, p))
@@ -48,13 +54,13 @@ def _run_parity(tx, ref, steps=32, seed=0, grad_scale=1.0):
   for _ in range(steps):
     # Gradients depend on the current params (a quadratic pull) plus noise,
     # with a per-row scale so blocks mix entries of different magnitudes.
-    noise = _random_tree(rng, SHAPES, grad_scale)
+    noise = _random_tree(rng, SHAPES, grad_scale, dtype)
     grads = {k: noise[k] + 0.1 * np.asarray(params[k]) for k in SHAPES}
     updates, state = step(jax.tree.map(jnp.asarray, grads), state, params)
     params = optax.apply_updates(params, updates)
-    ref_params = ref.step(ref_params, {k: np.float64(g) for k, g in grads.items()})
+    ref_params = ref.step(ref_params, {k: reference.wide(g) for k, g in grads.items()})
     for k in SHAPES:
-      err = np.abs(np.asarray(params[k], np.float64) - ref_params[k]).max()
+      err = np.abs(reference.wide(params[k]) - ref_params[k]).max()
       worst = max(worst, float(err))
   for k in SHAPES:
     np.testing.assert_allclose(np.asarray(params[k]), ref_params[k],
@@ -78,6 +84,31 @@ def test_foam_matches_float64_reference_default_policy():
   assert mu["embed_tokens"].shape == (20, 8) and mu["bias"].shape == (7,)
 
 
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_eps_root_and_nesterov_match_float64_reference(nesterov):
+  hp = dict(lr=3e-2, b1=0.9, b2=0.95, eps=1e-8, wd=0.1, alpha=0.25, c=0.7,
+            eps_root=1e-3, nesterov=nesterov)
+  tx = foam_jax.foam(hp["lr"], hp["b1"], hp["b2"], hp["eps"], hp["eps_root"],
+                     None, hp["wd"], alpha=hp["alpha"], residual_scale=hp["c"],
+                     nesterov=nesterov)
+  worst, _ = _run_parity(tx, NumpyFoam(DEFAULT_RULES, **hp))
+  assert worst < 1e-5
+
+
+@pytest.mark.parametrize("second_moment", ["mean_of_squares", "square_of_mean"])
+def test_complex_params_match_float64_reference(second_moment):
+  """Complex block means, |g|^2 and |R|^2 in the second moment (Adam's rule)."""
+  hp = dict(lr=3e-2, b1=0.9, b2=0.95, eps=1e-8, wd=0.1, alpha=0.25, c=0.7)
+  tx = foam_jax.foam(hp["lr"], b1=hp["b1"], b2=hp["b2"], weight_decay=hp["wd"],
+                     alpha=hp["alpha"], residual_scale=hp["c"],
+                     second_moment=second_moment)
+  ref = NumpyFoam(DEFAULT_RULES, second_moment=second_moment, **hp)
+  worst, state = _run_parity(tx, ref, dtype=np.complex64)
+  assert worst < 2e-5
+  assert state[0].mu["divisible"].dtype == jnp.complex64
+  assert {x.dtype for x in jax.tree.leaves(state[0].nu)} == {jnp.dtype(jnp.float32)}
+
+
 @pytest.mark.parametrize("second_moment", ["mean_of_squares", "square_of_mean"])
 def test_explicit_specs_and_second_moment_forms(second_moment):
   specs = {
@@ -98,7 +129,7 @@ def test_explicit_specs_and_second_moment_forms(second_moment):
   hp = dict(lr=1e-2, b1=0.8, b2=0.99, eps=1e-6, wd=0.0, alpha=0.5, c=1.0)
   tx = foam_jax.foam(hp["lr"], b1=hp["b1"], b2=hp["b2"], eps=hp["eps"],
                      alpha=hp["alpha"], fold_level=1, fold_spec=specs,
-                     second_moment=second_moment)
+                     second_moment=second_moment, weight_decay=0.0)
   ref = NumpyFoam(rules, second_moment=second_moment, **hp)
   worst, _ = _run_parity(tx, ref, steps=30, seed=1)
   assert worst < 1e-5
@@ -122,14 +153,17 @@ def test_residual_scale_zero_gives_block_constant_updates():
   np.testing.assert_allclose(u[4:], np.broadcast_to(u[4:5], (4, 3)), rtol=1e-6)
 
 
-def test_level_zero_with_alpha_one_is_optax_adam():
+@pytest.mark.parametrize("eps_root", [0.0, 1e-3])
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_level_zero_with_alpha_one_is_optax_adam(nesterov, eps_root):
   rng = np.random.default_rng(0)
   params = {"w": jnp.asarray(rng.standard_normal((8, 6)), jnp.float32),
             "b": jnp.asarray(rng.standard_normal(6), jnp.float32)}
   # eps=0: both forms of bias correction coincide exactly.
   for eps, rtol in [(0.0, 2e-6), (1e-8, 1e-4)]:
-    foam_tx = foam_jax.foam(1e-2, eps=eps, fold_level=0)
-    adam_tx = optax.adam(1e-2, eps=eps)
+    foam_tx = foam_jax.foam(1e-2, eps=eps, eps_root=eps_root, fold_level=0,
+                            weight_decay=0.0, nesterov=nesterov)
+    adam_tx = optax.adam(1e-2, eps=eps, eps_root=eps_root, nesterov=nesterov)
     fp, ap = params, params
     fs, as_ = foam_tx.init(fp), adam_tx.init(ap)
     for _ in range(20):
@@ -140,9 +174,9 @@ def test_level_zero_with_alpha_one_is_optax_adam():
       fp, ap = optax.apply_updates(fp, fu), optax.apply_updates(ap, au)
 
 
-def test_updates_come_back_in_param_dtype_and_states_in_given_dtype():
+def test_updates_come_back_in_grad_dtype_and_states_in_given_dtype():
   params = {"w": jnp.ones((8, 4), jnp.bfloat16), "b": jnp.ones((4,), jnp.bfloat16)}
-  tx = foam_jax.foam(1e-2)
+  tx = foam_jax.foam(1e-2, weight_decay=0.0)
   state = tx.init(params)
   assert state[0].mu["w"].dtype == jnp.bfloat16
   updates, state = tx.update(jax.tree.map(jnp.ones_like, params), state, params)
@@ -150,7 +184,7 @@ def test_updates_come_back_in_param_dtype_and_states_in_given_dtype():
   assert all(jnp.isfinite(u.astype(jnp.float32)).all() for u in jax.tree.leaves(updates))
 
   params32 = jax.tree.map(lambda p: p.astype(jnp.float32), params)
-  tx = foam_jax.foam(1e-2, mu_dtype=jnp.bfloat16, nu_dtype="bfloat16")
+  tx = foam_jax.foam(1e-2, mu_dtype=jnp.bfloat16, nu_dtype="bfloat16", weight_decay=0.0)
   state = tx.init(params32)
   assert {x.dtype for x in jax.tree.leaves(state[0].mu)} == {jnp.dtype(jnp.bfloat16)}
   assert {x.dtype for x in jax.tree.leaves(state[0].nu)} == {jnp.dtype(jnp.bfloat16)}
@@ -162,7 +196,7 @@ def test_updates_come_back_in_param_dtype_and_states_in_given_dtype():
 def test_low_precision_states_track_float32_states():
   rng = np.random.default_rng(3)
   params = {"w": jnp.asarray(rng.standard_normal((16, 8)), jnp.float32)}
-  full, low = foam_jax.foam(1e-2), foam_jax.foam(1e-2, mu_dtype=jnp.bfloat16)
+  full, low = foam_jax.foam(1e-2, weight_decay=0.0), foam_jax.foam(1e-2, mu_dtype=jnp.bfloat16, weight_decay=0.0)
   sf, sl = full.init(params), low.init(params)
   for _ in range(10):
     g = {"w": jnp.asarray(rng.standard_normal((16, 8)), jnp.float32)}

@@ -11,22 +11,44 @@ import numbers
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
 def concrete_number(value: Any) -> float | None:
-  """The value as a float when it is a known scalar, else ``None``."""
+  """The value as a float when it is a known scalar, else ``None``.
+
+  A complex scalar (``optax.inject_hyperparams`` casts hyperparameters to
+  complex params' dtype) counts by its real part; a nonzero imaginary part
+  is a ``ValueError``.
+  """
   if isinstance(value, numbers.Real):
     return float(value)
   if isinstance(value, (np.ndarray, np.generic)) and np.size(value) == 1:
-    return float(np.asarray(value).reshape(()))
-  if (
+    number = complex(np.asarray(value).reshape(()))
+  elif (
       isinstance(value, jax.Array)
       and not isinstance(value, jax.core.Tracer)
       and value.size == 1
   ):
-    return float(value.reshape(()))
-  return None
+    number = complex(value.reshape(()))
+  else:
+    return None
+  if number.imag:
+    raise ValueError(f"a hyperparameter must be real, got {number}.")
+  return number.real
+
+
+def real_part(value: Any) -> Any:
+  """``value`` with a complex array's (zero) imaginary part dropped.
+
+  Hyperparameters injected by ``optax.inject_hyperparams`` arrive in the
+  params' dtype, complex for complex params; the moments' decay rates and
+  scales are real.
+  """
+  if hasattr(value, "dtype") and jnp.issubdtype(value.dtype, jnp.complexfloating):
+    return jnp.real(value)
+  return value
 
 
 def check_number(
@@ -81,3 +103,35 @@ def check_level(name: str, value: Any) -> None:
     )
   if value < 0:
     raise ValueError(f"{name} must be >= 0, got {value}.")
+
+
+def storage_dtype(name: str, value: Any, *, real: bool = False) -> jnp.dtype | None:
+  """Checks a moment storage dtype (``mu_dtype``/``nu_dtype``); ``None`` passes.
+
+  Moments need a floating dtype (or a complex one, unless ``real``) of at
+  least 16 bits: integer and bool storage truncates them, and 8-bit floats
+  underflow unscaled second moments, so training would silently stall.
+
+  Raises:
+    TypeError: ``value`` is not a dtype, or not one moments can be stored in.
+  """
+  if value is None:
+    return None
+  try:
+    dtype = jnp.dtype(value)
+  except TypeError:
+    raise TypeError(f"{name} must be a dtype, got {value!r}.") from None
+  allowed = (jnp.floating,) if real else (jnp.floating, jnp.complexfloating)
+  if not any(jnp.issubdtype(dtype, kind) for kind in allowed):
+    what = "a real floating" if real else "a floating or complex"
+    raise TypeError(
+        f"{name}={dtype.name} is not supported: optimizer moments need {what} "
+        "dtype (bfloat16, float16, float32, float64); integer and bool storage "
+        "would truncate them."
+    )
+  if dtype.itemsize < 2:
+    raise TypeError(
+        f"{name}={dtype.name} is not supported: 8-bit float storage underflows "
+        "unscaled second moments; use bfloat16 or float32."
+    )
+  return dtype

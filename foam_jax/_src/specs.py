@@ -31,7 +31,8 @@ from typing import Any, Union
 import jax
 import optax
 
-from foam_jax import folding
+from foam_jax._src import folding
+from foam_jax._src.placement import shard_shape
 
 __all__ = [
     "FoldSpec",
@@ -40,7 +41,6 @@ __all__ = [
     "requested_fold_specs",
     "resolve_fold_specs",
     "is_spec_leaf",
-    "shard_shape",
     "straddle",
 ]
 
@@ -97,29 +97,6 @@ def is_spec_leaf(x: Any) -> bool:
 
 def _path_str(path) -> str:
   return jax.tree_util.keystr(path) or "<root>"
-
-
-def shard_shape(leaf: Any) -> tuple[int, ...] | None:
-  """The per-device shape of a leaf, or ``None`` if its sharding is unknown.
-
-  Known for concrete ``jax.Array``s, ``jax.ShapeDtypeStruct``s carrying a
-  sharding, and tracers whose abstract value carries one (explicit mesh
-  axes). Under automatic sharding inside ``jit`` it is unknown.
-  """
-  sharding = None
-  if isinstance(leaf, jax.core.Tracer):
-    try:
-      sharding = jax.typeof(leaf).sharding
-    except Exception:  # pylint: disable=broad-except
-      return None
-  else:
-    sharding = getattr(leaf, "sharding", None)
-  if sharding is None:
-    return None
-  try:
-    return tuple(sharding.shard_shape(tuple(leaf.shape)))
-  except Exception:  # pylint: disable=broad-except
-    return None
 
 
 def _level_fits(n: int, shard_n: int, level: int) -> bool:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import optax
 
-from foam_jax import _validation
-from foam_jax import folding
-from foam_jax import specs as specs_lib
-from foam_jax import transform
+from foam_jax._src import validation as _validation
+from foam_jax._src import folding
+from foam_jax._src import specs as specs_lib
+from foam_jax._src import transform
 
 __all__ = ["foam", "foam_mini", "paper_schedule"]
 
@@ -20,15 +22,17 @@ def foam(
     b1: float = 0.9,
     b2: float = 0.999,
     eps: float = 1e-8,
-    weight_decay: float = 0.0,
+    eps_root: float = 0.0,
+    mu_dtype: Any | None = None,
+    weight_decay: optax.ScalarOrSchedule = 1e-4,
+    mask: Any | Callable[[optax.Params], Any] | None = None,
     *,
-    fold_level: int = 2,
+    nesterov: bool = False,
+    fold_level: int | None = None,
     alpha: float = 1.0,
     residual_scale: float = 1.0,
     fold_spec: specs_lib.FoldSpecLike = None,
-    mask: Any | Callable[[optax.Params], Any] | None = None,
     second_moment: transform.SecondMoment = "mean_of_squares",
-    mu_dtype: Any | None = None,
     nu_dtype: Any | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""FOAM: a drop-in replacement for ``optax.adamw`` with folded moments.
@@ -38,7 +42,7 @@ def foam(
 
   .. math::
 
-    W \leftarrow W - \eta_t \left(u_t + \lambda W\right)
+    W \leftarrow W - \eta_t \left(u_t + \lambda_t W\right)
 
   with :math:`u_t` the FOAM direction of :func:`scale_by_foam` (Adam whose
   moments are block means of ``2**fold_level`` entries along one axis, plus
@@ -46,30 +50,38 @@ def foam(
   embeddings and ``lm_head``) keep ``1/2**fold_level`` of Adam's state;
   everything else keeps Adam's.
 
-  The defaults (``alpha=1``, Adam's betas) keep the step size of the
-  ``adamw`` being replaced. The paper's recipe for LLaMA pre-training is one
-  line::
+  The positional parameters are ``optax.adamw``'s, in its order and with its
+  defaults (``weight_decay=1e-4`` included), as is its keyword-only
+  ``nesterov``: ``foam(lr)`` is ``adamw(lr)`` with folded moments. FOAM's
+  own options follow, keyword-only. The paper's recipe for LLaMA
+  pre-training is one line::
 
     foam_jax.foam(foam_jax.paper_schedule(1e-2, total_steps), b2=0.95,
-                  alpha=0.25)  # fold_level=2, eps=1e-8, no weight decay
+                  weight_decay=0.0, alpha=0.25)  # fold_level 2, eps 1e-8
 
   Args:
     learning_rate: a float or an Optax schedule (non-negative).
     b1: first-moment decay, in ``[0, 1)``.
     b2: second-moment decay, in ``[0, 1)``.
-    eps: denominator term, ``>= 0``.
-    weight_decay: decoupled weight decay ``lambda >= 0`` (AdamW's).
-    fold_level: blocks hold ``2**fold_level`` entries (``0`` is Adam). Pass
-      ``static_args=("fold_level",)`` to ``optax.inject_hyperparams``.
+    eps: denominator term, ``>= 0``, added outside the bias correction (see
+      :func:`scale_by_foam`).
+    eps_root: added to the second moment inside the square root, ``>= 0``.
+    mu_dtype: storage dtype of the first moments (default: the param's).
+    weight_decay: decoupled weight decay ``lambda >= 0`` (AdamW's), a float
+      or an Optax schedule.
+    mask: which leaves get weight decay (a pytree of bools or a callable),
+      as in ``optax.adamw``.
+    nesterov: Nesterov momentum, as in ``optax.adamw``.
+    fold_level: blocks hold ``2**fold_level`` entries (``0`` is Adam);
+      ``None`` is the default, ``2``. An explicit level under
+      ``optax.inject_hyperparams`` needs ``static_args=("fold_level",)``.
     alpha: extra scale of the folded leaves' updates.
     residual_scale: weight of the gradient residual (``0`` drops it).
     fold_spec: which leaves to fold how; see :func:`scale_by_foam`.
-    mask: which leaves get weight decay (a pytree of bools or a callable),
-      as in ``optax.adamw``.
     second_moment: ``"mean_of_squares"`` (authors' code) or
       ``"square_of_mean"`` (paper's text).
-    mu_dtype: storage dtype of the first moments (default: the param's).
-    nu_dtype: storage dtype of the second moments (default: the param's).
+    nu_dtype: storage dtype of the second moments (default: the real dtype
+      of the param's precision).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``.
@@ -91,18 +103,22 @@ def foam(
   _validation.check_number(
       "learning_rate", learning_rate, low=0.0, allow_callable=True
   )
-  _validation.check_number("weight_decay", weight_decay, low=0.0)
+  _validation.check_number(
+      "weight_decay", weight_decay, low=0.0, allow_callable=True
+  )
   return optax.chain(
       transform.scale_by_foam(
-          b1=b1,
-          b2=b2,
-          eps=eps,
+          b1,
+          b2,
+          eps,
+          eps_root,
+          mu_dtype,
+          nesterov=nesterov,
           fold_level=fold_level,
           alpha=alpha,
           residual_scale=residual_scale,
           fold_spec=fold_spec,
           second_moment=second_moment,
-          mu_dtype=mu_dtype,
           nu_dtype=nu_dtype,
       ),
       optax.add_decayed_weights(weight_decay, mask),
@@ -110,47 +126,49 @@ def foam(
   )
 
 
-def foam_mini(
-    learning_rate: optax.ScalarOrSchedule,
-    b1: float = 0.9,
-    b2: float = 0.999,
-    eps: float = 1e-8,
-    weight_decay: float = 0.0,
-    *,
-    alpha: float = 1.0,
-    residual_scale: float = 1.0,
-    mask: Any | Callable[[optax.Params], Any] | None = None,
-    second_moment: transform.SecondMoment = "mean_of_squares",
-    mu_dtype: Any | None = None,
-    nu_dtype: Any | None = None,
-) -> optax.GradientTransformationExtraArgs:
-  r"""FOAM-Mini: every folded matrix keeps one moment per output feature.
+def _fixed_level_variant(level: int, name: str, doc: str):
+  """``foam`` with ``fold_level`` fixed and removed from its signature.
 
-  The paper's smallest point: the whole fold axis is one block, so a Dense
-  kernel ``(in, out)`` keeps ``2 * out`` state values instead of Adam's
+  Like ``functools.partial(foam, fold_level=level)`` (Optax's way to make
+  variants), except that passing ``fold_level`` is an error instead of
+  silently giving another optimizer.
+  """
+  signature = inspect.signature(foam)
+
+  @functools.wraps(foam)
+  def variant(*args, **kwargs):
+    if "fold_level" in kwargs:
+      raise TypeError(
+          f"{name}() takes no fold_level (its level is fixed); use "
+          "foam_jax.foam(..., fold_level=...) for another level."
+      )
+    return foam(*args, fold_level=level, **kwargs)
+
+  variant.__name__ = variant.__qualname__ = name
+  variant.__doc__ = doc
+  variant.__signature__ = signature.replace(parameters=[
+      p for p in signature.parameters.values() if p.name != "fold_level"
+  ])
+  del variant.__wrapped__
+  return variant
+
+
+foam_mini = _fixed_level_variant(folding.WHOLE_AXIS_LEVEL, "foam_mini", r"""
+  FOAM-Mini: every folded matrix keeps one moment per output feature.
+
+  The paper's smallest point: ``foam`` with each fold axis one block, so a
+  Dense kernel ``(in, out)`` keeps ``2 * out`` state values instead of Adam's
   ``2 * in * out``; embeddings, ``lm_head`` and 1-D leaves keep Adam's.
-  Same arguments as :func:`foam` (with the fold level fixed).
+  Takes every argument of :func:`foam` except ``fold_level``. In a
+  ``fold_spec``, ``FoldSpec(level=None)`` means a whole-axis block and an
+  explicit level wins.
 
   Examples:
     >>> import jax.numpy as jnp, foam_jax
     >>> tx = foam_jax.foam_mini(1e-3)
     >>> tx.init({"kernel": jnp.zeros((512, 64))})[0].mu["kernel"].shape
     (1, 64)
-  """
-  return foam(
-      learning_rate,
-      b1=b1,
-      b2=b2,
-      eps=eps,
-      weight_decay=weight_decay,
-      fold_level=folding.WHOLE_AXIS_LEVEL,
-      alpha=alpha,
-      residual_scale=residual_scale,
-      mask=mask,
-      second_moment=second_moment,
-      mu_dtype=mu_dtype,
-      nu_dtype=nu_dtype,
-  )
+  """)
 
 
 def paper_schedule(

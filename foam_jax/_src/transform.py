@@ -4,20 +4,23 @@ from __future__ import annotations
 
 from typing import Any, Literal, NamedTuple
 
-import chex
 import jax
 import jax.numpy as jnp
 import optax
 
-from foam_jax import _validation
-from foam_jax import folding
-from foam_jax import specs as specs_lib
-from foam_jax.specs import FoldSpec
+from foam_jax._src import validation as _validation
+from foam_jax._src import folding
+from foam_jax._src import placement
+from foam_jax._src import specs as specs_lib
+from foam_jax._src.specs import FoldSpec
 
 __all__ = ["ScaleByFoamState", "scale_by_foam"]
 
 SecondMoment = Literal["mean_of_squares", "square_of_mean"]
 _SECOND_MOMENTS = ("mean_of_squares", "square_of_mean")
+
+# The fold level of `fold_level=None`: blocks of 4 entries, the paper's l = 2.
+DEFAULT_FOLD_LEVEL = 2
 
 
 class ScaleByFoamState(NamedTuple):
@@ -31,7 +34,7 @@ class ScaleByFoamState(NamedTuple):
     nu: second moments, shaped like ``mu``.
   """
 
-  count: chex.Array
+  count: jax.Array
   mu: optax.Updates
   nu: optax.Updates
 
@@ -65,59 +68,25 @@ def _fold_geometry(spec: FoldSpec, shape, state_shape) -> tuple[int, int]:
   )
 
 
-def _state_zeros(shape, dtype, leaf) -> jax.Array:
-  """Zeros of ``shape``: sharded like ``leaf`` when its sharding is known.
-
-  Folded states keep their parameter's rank, so the parameter's
-  ``NamedSharding`` applies to them unchanged: a concrete parameter's
-  sharding is used for the allocation, and under ``jax.jit`` with explicit
-  mesh axes the tracer's sharding becomes the zeros' ``out_sharding``. Under
-  automatic axes inside ``jit`` the sharding is unknown here; use
-  ``jit(..., out_shardings=foam_jax.sharding.state_shardings(tx, params))``.
-  """
-  if isinstance(leaf, jax.core.Tracer):
-    try:
-      aval_sharding = jax.typeof(leaf).sharding
-    except Exception:  # pylint: disable=broad-except
-      aval_sharding = None
-    if isinstance(aval_sharding, jax.sharding.NamedSharding) and getattr(
-        aval_sharding.mesh, "explicit_axes", ()
-    ):
-      return jnp.zeros(shape, dtype, out_sharding=aval_sharding)
-    return jnp.zeros(shape, dtype)
-  sharding = getattr(leaf, "sharding", None)
-  if not isinstance(
-      sharding, (jax.sharding.NamedSharding, jax.sharding.SingleDeviceSharding)
-  ):
-    sharding = None
-  return jnp.zeros(shape, dtype, device=sharding)
-
-
-def _replicated_count(params) -> jax.Array:
-  """A zero step count, replicated over the params' mesh when one is known."""
-  for leaf in jax.tree.leaves(params):
-    sharding = getattr(leaf, "sharding", None)
-    if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer) \
-        and isinstance(sharding, jax.sharding.NamedSharding):
-      replicated = jax.sharding.NamedSharding(
-          sharding.mesh, jax.sharding.PartitionSpec()
-      )
-      return jnp.zeros([], jnp.int32, device=replicated)
-  return jnp.zeros([], jnp.int32)
+def _real_dtype(dtype) -> jnp.dtype:
+  """The real dtype of a (possibly complex) inexact dtype's precision."""
+  return jnp.finfo(dtype).dtype
 
 
 def scale_by_foam(
     b1: float = 0.9,
     b2: float = 0.999,
     eps: float = 1e-8,
+    eps_root: float = 0.0,
+    mu_dtype: Any | None = None,
     *,
-    fold_level: int = 2,
+    fold_level: int | None = None,
     alpha: float = 1.0,
     residual_scale: float = 1.0,
     fold_spec: specs_lib.FoldSpecLike = None,
     second_moment: SecondMoment = "mean_of_squares",
-    mu_dtype: Any | None = None,
     nu_dtype: Any | None = None,
+    nesterov: bool = False,
 ) -> optax.GradientTransformation:
   r"""Rescales updates with FOAM: Adam whose moments are stored folded.
 
@@ -128,48 +97,66 @@ def scale_by_foam(
   .. math::
 
     \tilde m_t &= \beta_1 \tilde m_{t-1} + (1 - \beta_1) F(g_t) \\
-    \tilde v_t &= \beta_2 \tilde v_{t-1} + (1 - \beta_2) F(g_t^2) \\
+    \tilde v_t &= \beta_2 \tilde v_{t-1} + (1 - \beta_2) F(|g_t|^2) \\
     R_t &= g_t - U F(g_t) \\
-    M_t &= U \tilde m_t + c R_t, \qquad V_t = U \tilde v_t + c^2 R_t^2 \\
+    M_t &= U \tilde m_t + c R_t, \qquad V_t = U \tilde v_t + c^2 |R_t|^2 \\
     u_t &= \alpha \frac{\sqrt{1 - \beta_2^t}}{1 - \beta_1^t}
-           \frac{M_t}{\sqrt{V_t} + \epsilon}
+           \frac{M_t}{\sqrt{V_t + \epsilon_{root} (1 - \beta_2^t)} + \epsilon}
 
   Only :math:`\tilde m, \tilde v` are stored, ``k`` times smaller along the
   fold axis than Adam's; the residual :math:`R_t` is recomputed every step.
   Leaves that are not folded get Adam in the same form with no
   :math:`\alpha`. With ``second_moment="square_of_mean"`` the second moment
-  is fed :math:`F(g_t)^2` (the paper's text) instead of :math:`F(g_t^2)`
+  is fed :math:`|F(g_t)|^2` (the paper's text) instead of :math:`F(|g_t|^2)`
   (the authors' code, the default).
 
   Bias correction is applied to the step size, with :math:`\epsilon` added to
   the uncorrected :math:`\sqrt{V}`, as in the authors' code (and Hugging
-  Face's ``AdamW``). It equals ``optax.scale_by_adam`` with
-  :math:`\epsilon_t = \epsilon / \sqrt{1 - \beta_2^t}`; with ``fold_level=0``
-  and ``alpha=1``, FOAM *is* that Adam.
+  Face's ``AdamW``). It equals ``optax.scale_by_adam`` with the same
+  ``eps_root`` and :math:`\epsilon_t = \epsilon / \sqrt{1 - \beta_2^t}`; with
+  ``fold_level=0`` and ``alpha=1``, FOAM *is* that Adam. With
+  ``nesterov=True`` the first moment :math:`M_t` is replaced, as in
+  ``optax.scale_by_adam(nesterov=True)``, by
+  :math:`\frac{\beta_1 M_t}{1 - \beta_1^{t+1}} + \frac{(1 - \beta_1)
+  g_t}{1 - \beta_1^t}` (times :math:`1 - \beta_1^t`, which the step size
+  divides out again).
+
+  Complex parameters are supported as by ``optax.scale_by_adam``: the fold
+  of a complex gradient is its complex block mean, and squares are
+  :math:`|\cdot|^2`. The second moment is real: by default it is stored in
+  the real dtype of the parameter's precision (``float32`` for
+  ``complex64``).
 
   Args:
     b1: decay of the first moment, in ``[0, 1)``.
     b2: decay of the second moment, in ``[0, 1)``.
     eps: added to the denominator, ``>= 0``.
+    eps_root: added to the second moment inside the square root (bias
+      corrected, as ``optax.scale_by_adam``'s), ``>= 0``.
+    mu_dtype: dtype to store the first moments in (default: the param's).
+      Arithmetic is float32 or wider, and the update reads the new moments
+      as stored (rounded), like the authors' in-place code. A floating or
+      complex dtype of 16 bits or more: integer and 8-bit storage would
+      truncate the moments and is refused.
     fold_level: the level ``l`` of the default policy (blocks of ``2**l``
-      entries) and of ``FoldSpec(level=None)`` entries. ``0`` is plain Adam.
+      entries) and of ``FoldSpec(level=None)`` entries; ``None`` is ``2``.
+      ``0`` is plain Adam. A Python int: under ``optax.inject_hyperparams``
+      an explicitly passed level needs ``static_args=("fold_level",)``.
     alpha: scale of the update of folded leaves only (the paper's "scale";
       its recipe uses ``0.25`` with learning rate ``1e-2``).
     residual_scale: ``c`` above; ``0`` drops the residual.
     fold_spec: ``None`` for the default policy (fold ``ndim >= 2`` leaves
       along axis ``-2`` except paths containing ``embed``/``lm_head``), a
       pytree of :class:`FoldSpec` ``| None`` shaped like the params, or a
-      callable ``params -> such a pytree``. See :mod:`foam_jax.specs`.
+      callable ``params -> such a pytree``.
     second_moment: ``"mean_of_squares"`` or ``"square_of_mean"``.
-    mu_dtype: dtype to store the first moments in (default: the param's);
-      arithmetic is always float32 or wider, and the update reads the new
-      moments as stored (rounded), like the authors' in-place code.
-    nu_dtype: dtype to store the second moments in (default: the param's).
+    nu_dtype: dtype to store the second moments in (default: the real dtype
+      of the param's precision); a real floating dtype of 16 bits or more.
+    nesterov: use Nesterov momentum, as ``optax.scale_by_adam``.
 
   Returns:
     An ``optax.GradientTransformation`` with state :class:`ScaleByFoamState`.
-    Its updates have the dtype of the params (of the gradients when ``update``
-    is called without params).
+    Its updates have the gradients' dtype.
 
   Examples:
     >>> import jax, jax.numpy as jnp, optax, foam_jax
@@ -189,6 +176,9 @@ def scale_by_foam(
   _validation.check_number("b1", b1, low=0.0, high=1.0, high_inclusive=False)
   _validation.check_number("b2", b2, low=0.0, high=1.0, high_inclusive=False)
   _validation.check_number("eps", eps, low=0.0)
+  _validation.check_number("eps_root", eps_root, low=0.0)
+  if fold_level is None:
+    fold_level = DEFAULT_FOLD_LEVEL
   _validation.check_level("fold_level", fold_level)
   _validation.check_number("alpha", alpha, low=0.0)
   _validation.check_number("residual_scale", residual_scale, low=0.0)
@@ -196,8 +186,10 @@ def scale_by_foam(
     raise ValueError(
         f"second_moment must be one of {_SECOND_MOMENTS}, got {second_moment!r}."
     )
-  mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
-  nu_dtype = None if nu_dtype is None else jnp.dtype(nu_dtype)
+  b1, b2, eps, eps_root, alpha, residual_scale = map(
+      _validation.real_part, (b1, b2, eps, eps_root, alpha, residual_scale))
+  mu_dtype = _validation.storage_dtype("mu_dtype", mu_dtype)
+  nu_dtype = _validation.storage_dtype("nu_dtype", nu_dtype, real=True)
 
   def init_fn(params):
     specs = specs_lib.resolve_fold_specs(params, fold_spec, fold_level)
@@ -208,8 +200,9 @@ def scale_by_foam(
       shape = tuple(p.shape)
       if spec is not None:
         shape = folding.folded_shape(shape, spec.axis, spec.level)
-      mu = _state_zeros(shape, mu_dtype or p.dtype, p)
-      nu = _state_zeros(shape, nu_dtype or p.dtype, p)
+      mu = placement.zeros_like_placed(shape, mu_dtype or p.dtype, p)
+      nu = placement.zeros_like_placed(
+          shape, nu_dtype or _real_dtype(p.dtype), p)
       return mu, nu
 
     pairs = jax.tree.map(moments, specs, params, is_leaf=specs_lib.is_spec_leaf)
@@ -217,29 +210,50 @@ def scale_by_foam(
         lambda _, pair: pair[i], specs, pairs, is_leaf=specs_lib.is_spec_leaf
     )
     return ScaleByFoamState(
-        count=_replicated_count(params), mu=pick(0), nu=pick(1)
+        count=placement.count_zeros(params), mu=pick(0), nu=pick(1)
     )
 
   def update_fn(updates, state, params=None):
+    del params
     specs = specs_lib.resolve_fold_specs(updates, fold_spec, fold_level)
     count = optax.safe_increment(state.count)
     t = count.astype(jnp.float32)
-    # Bias correction on the step size (authors' code / HF AdamW form).
-    step = jnp.sqrt(1.0 - b2**t) / (1.0 - b1**t)
+    # Bias correction on the step size (authors' code / HF AdamW form):
+    # u = sqrt(1 - b2^t) * (a M + b g) / (sqrt(V + eps_root (1 - b2^t)) + eps)
+    # with a = 1 / (1 - b1^t), b = 0; Nesterov: a = b1 / (1 - b1^(t+1)),
+    # b = (1 - b1) / (1 - b1^t) (optax.scale_by_adam's nesterov form).
+    root_step = jnp.sqrt(1.0 - b2**t)
+    if nesterov:
+      a = b1 / (1.0 - b1 ** (t + 1.0))
+      b = (1.0 - b1) / (1.0 - b1**t)
+    else:
+      a, b = 1.0 / (1.0 - b1**t), None
+    no_eps_root = isinstance(eps_root, (int, float)) and eps_root == 0
 
-    def leaf_update(spec, g, mu, nu, p=None):
+    def direction(m, v, g, scale):
+      """The step direction from the (unfolded) moments and the gradient."""
+      if not no_eps_root:
+        v = v + eps_root * (1.0 - b2**t)
+      den = jnp.sqrt(v) + eps
+      if b is None:
+        return (scale * root_step * a) * m / den
+      return (scale * root_step) * (a * m + b * g) / den
+
+    def leaf_update(spec, g, mu, nu):
       if isinstance(g, optax.MaskedNode):
         return g, mu, nu
-      out_dtype = g.dtype if p is None else p.dtype
+      out_dtype = g.dtype
       compute = jnp.promote_types(g.dtype, jnp.float32)
+      real = _real_dtype(compute)  # Of the second moment.
       g = g.astype(compute)
       # The update reads the moments as stored (rounded to mu_dtype/nu_dtype),
       # as the authors' in-place PyTorch code does: then XLA can overwrite
       # low-precision states in place instead of keeping float32 copies.
       if spec is None:
         mu_new = (b1 * mu.astype(compute) + (1.0 - b1) * g).astype(mu.dtype)
-        nu_new = (b2 * nu.astype(compute) + (1.0 - b2) * g * g).astype(nu.dtype)
-        u = step * mu_new.astype(compute) / (jnp.sqrt(nu_new.astype(compute)) + eps)
+        nu_new = (b2 * nu.astype(real) + (1.0 - b2) * folding.abs_sq(g)
+                  ).astype(nu.dtype)
+        u = direction(mu_new.astype(compute), nu_new.astype(real), g, 1.0)
         return u.astype(out_dtype), mu_new, nu_new
 
       axis, level = _fold_geometry(spec, g.shape, mu.shape)
@@ -249,26 +263,26 @@ def scale_by_foam(
       # with block sums as slices + adds (folding.block_sums): XLA fuses it
       # into three loops per leaf, each reading g once, with no temporaries.
       g_blocks = folding.to_blocks(g, axis, level)  # (.., nb, k, ..)
-      counts = folding.folded_counts(n, level, g.ndim, axis, compute)
+      counts = folding.folded_counts(n, level, g.ndim, axis, real)
       g_mean = folding.block_sums(g_blocks, axis) / counts  # (.., nb, ..)
       if second_moment == "mean_of_squares":
         g_sq_mean = folding.block_sums(g_blocks, axis, square=True) / counts
       else:
-        g_sq_mean = g_mean * g_mean
+        g_sq_mean = folding.abs_sq(g_mean)
       mu_new = (b1 * mu.astype(compute) + (1.0 - b1) * g_mean).astype(mu.dtype)
-      nu_new = (b2 * nu.astype(compute) + (1.0 - b2) * g_sq_mean).astype(nu.dtype)
+      nu_new = (b2 * nu.astype(real) + (1.0 - b2) * g_sq_mean).astype(nu.dtype)
       # Unfold is a broadcast over the block axis.
-      expand = lambda x: jnp.expand_dims(x.astype(compute), axis + 1)
+      expand = lambda x: jnp.expand_dims(x, axis + 1)  # pylint: disable=unnecessary-lambda-assignment
       r = residual_scale * (g_blocks - expand(g_mean))
-      u_blocks = (alpha * step) * (expand(mu_new) + r) / (
-          jnp.sqrt(expand(nu_new) + r * r) + eps)
+      u_blocks = direction(
+          expand(mu_new.astype(compute)) + r,
+          expand(nu_new.astype(real)) + folding.abs_sq(r),
+          g_blocks, alpha)
       u = folding.from_blocks(u_blocks, axis, n)
       return u.astype(out_dtype), mu_new, nu_new
 
-    trees = (specs, updates, state.mu, state.nu)
-    if params is not None:
-      trees += (params,)
-    triples = jax.tree.map(leaf_update, *trees, is_leaf=specs_lib.is_spec_leaf)
+    triples = jax.tree.map(leaf_update, specs, updates, state.mu, state.nu,
+                           is_leaf=specs_lib.is_spec_leaf)
     pick = lambda i: jax.tree.map(  # pylint: disable=g-long-lambda
         lambda _, triple: triple[i], specs, triples, is_leaf=specs_lib.is_spec_leaf
     )

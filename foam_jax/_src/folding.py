@@ -48,6 +48,7 @@ __all__ = [
     "blocked_mean",
     "folded_counts",
     "block_sums",
+    "abs_sq",
     "fold",
     "unfold",
     "residual",
@@ -230,6 +231,19 @@ def blocked_mean(xb: jax.Array, axis: int, length: int, level: int) -> jax.Array
   return jnp.expand_dims(block_sums(xb, axis) / counts, axis + 1)
 
 
+def abs_sq(x: jax.Array) -> jax.Array:
+  """``|x|^2``, real: ``x * x`` for real ``x``, ``re^2 + im^2`` for complex.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> abs_sq(jnp.array([3 + 4j]))
+    Array([25.], dtype=float32)
+  """
+  if jnp.iscomplexobj(x):
+    return x.real * x.real + x.imag * x.imag
+  return x * x
+
+
 # Blocks up to this size are summed with slices and adds instead of a reduce.
 MAX_SLICED_BLOCK = 16
 
@@ -248,7 +262,7 @@ def block_sums(xb: jax.Array, axis: int, *, square: bool = False) -> jax.Array:
     xb: a blocked array (:func:`to_blocks` output); axes ``axis`` and
       ``axis + 1`` are ``(num_blocks, block)``.
     axis: the fold axis of the unblocked array (non-negative).
-    square: sum the squares of the entries instead.
+    square: sum the squared magnitudes ``|x|^2`` of the entries instead.
 
   Returns:
     The block sums: the folded shape ``(..., num_blocks, ...)``.
@@ -261,11 +275,11 @@ def block_sums(xb: jax.Array, axis: int, *, square: bool = False) -> jax.Array:
   """
   k = xb.shape[axis + 1]
   if k > MAX_SLICED_BLOCK or k & (k - 1):
-    return jnp.sum(xb * xb if square else xb, axis=axis + 1)
+    return jnp.sum(abs_sq(xb) if square else xb, axis=axis + 1)
   parts = [jax.lax.index_in_dim(xb, j, axis + 1, keepdims=False)
            for j in range(k)]
   if square:  # Square each slice: no block-sized x * x for XLA to keep.
-    parts = [x * x for x in parts]
+    parts = [abs_sq(x) for x in parts]
   while len(parts) > 1:  # Pairwise: ((x0 + x1) + (x2 + x3)) + ...
     parts = [a + b for a, b in zip(parts[::2], parts[1::2])]
   return parts[0]

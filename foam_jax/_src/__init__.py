@@ -1,0 +1,1 @@
+"""Private implementation of foam_jax; import from ``foam_jax`` instead."""
