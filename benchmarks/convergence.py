@@ -33,8 +33,8 @@ from flax import nnx
 
 from benchmarks import common
 from benchmarks.convergence_plan import PLANS
-from benchmarks.convergence_plan import Store
 from benchmarks.convergence_plan import run_plan
+from benchmarks.convergence_plan import Store
 from benchmarks.convergence_report import write_report
 from examples.llama import configs
 from examples.llama import data

@@ -38,8 +38,8 @@ from flax import nnx
 import foam_jax
 from benchmarks import common
 from benchmarks.memory_report import GIB
-from benchmarks.memory_report import PAPER_FIGURE
 from benchmarks.memory_report import headline_fits
+from benchmarks.memory_report import PAPER_FIGURE
 from benchmarks.memory_report import paper_parameter_fit
 from benchmarks.memory_report import plot_paper_figure
 from benchmarks.memory_report import render
