@@ -184,6 +184,22 @@ def test_a_checkpoint_written_before_the_refactor_resumes(tmp_path, capsys):
   assert [r["step"] for r in records] == [0, 3, 6]
 
 
+def test_a_checkpoint_of_another_optimizer_fails_with_one_clear_line(tmp_path):
+  out = tmp_path / "old_run"
+  shutil.copytree(os.path.join(FIXTURES, "ckpt_860d33a"), out)
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "examples", "llama", "train.py"), "--resume",
+       "--out", str(out), "--optimizer", "adamw", "--steps", "6", "--batch-size", "4",
+       "--seq-len", "16", "--eval-every", "3", "--eval-batches", "2", "--num-layers", "1",
+       "--hidden-size", "32", "--intermediate-size", "96", "--num-heads", "2",
+       "--data", os.path.join(FIXTURES, "corpus.txt"), "--no-progress", "--sample", "0"],
+      capture_output=True, text=True, timeout=300, cwd=tmp_path)
+  assert proc.returncode == 2, proc.stderr
+  last = proc.stderr.strip().splitlines()[-1]
+  assert "error: Checkpoint 3 in" in last and "does not fit" in last, proc.stderr
+  assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--steps", "0"], "steps must be a positive int"),
     (["--optimizer", "sgd"], "invalid choice"),

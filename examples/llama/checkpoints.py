@@ -14,13 +14,19 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
-__all__ = ["manager", "restore", "save"]
+__all__ = ["RestoreError", "manager", "restore", "save"]
+
+
+class RestoreError(ValueError):
+  """A checkpoint that cannot continue this run (other model, optimizer or data)."""
 
 
 def manager(directory: str, max_to_keep: int = 2) -> ocp.CheckpointManager:
   """A synchronous ``CheckpointManager`` over ``directory`` (created if needed)."""
   return ocp.CheckpointManager(
       os.path.abspath(directory),
+      item_handlers={"state": ocp.StandardCheckpointHandler(),
+                     "meta": ocp.JsonCheckpointHandler()},
       options=ocp.CheckpointManagerOptions(
           max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True
       ),
@@ -40,6 +46,22 @@ def save(mngr: ocp.CheckpointManager, step: int, state: nnx.State,
   )
 
 
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+  """``{"0/layers/0/mlp/...": shape}`` for the arrays of a pure-dict tree."""
+  key = lambda k: str(getattr(k, "key", getattr(k, "idx", k)))
+  return {"/".join(key(k) for k in path): tuple(leaf.shape)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _mismatch(stored: dict[str, tuple[int, ...]], wanted: dict[str, tuple[int, ...]]) -> str:
+  """The first difference between two shape maps, in words ("" if none)."""
+  for name in sorted(set(stored) | set(wanted)):
+    if stored.get(name) != wanted.get(name):
+      return (f"{name} is {stored.get(name, 'absent')} in the checkpoint, "
+              f"{wanted.get(name, 'absent')} in this run")
+  return ""
+
+
 def restore(mngr: ocp.CheckpointManager, step: int,
             state: nnx.State) -> tuple[nnx.State, dict[str, Any]]:
   """Checkpoint ``step`` restored onto ``state``'s shapes and shardings.
@@ -48,8 +70,9 @@ def restore(mngr: ocp.CheckpointManager, step: int,
     ``(state, meta)``; ``state`` is updated in place.
 
   Raises:
-    ValueError: the checkpoint's arrays do not fit this run's state (another
-      model or optimizer): the message names the step and the directory.
+    RestoreError: the checkpoint's arrays do not fit this run's state
+      (another model or optimizer): the message names the step and the
+      directory.
 
   Examples:
     >>> import tempfile, optax
@@ -65,18 +88,17 @@ def restore(mngr: ocp.CheckpointManager, step: int,
     ({'step': 7}, True)
   """
   target = jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.to_pure_dict(state))
-  try:
-    restored = mngr.restore(
-        step,
-        args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
-        ),
-    )
-  except (ValueError, KeyError, TypeError) as e:
-    raise ValueError(
+  problem = _mismatch(_shapes(mngr.item_metadata(step)["state"]), _shapes(target))
+  if problem:  # Checked before reading, so no read is left running.
+    raise RestoreError(
         f"Checkpoint {step} in {mngr.directory} does not fit this run's model "
-        f"and optimizer state (was it written with other settings, or by a "
-        f"version whose optimizer state is laid out differently?): {e}"
-    ) from e
+        f"and optimizer state (written with other settings, or by a version "
+        f"whose optimizer state is laid out differently?): {problem}.")
+  restored = mngr.restore(
+      step,
+      args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
+      ),
+  )
   nnx.replace_by_pure_dict(state, restored["state"])
   return state, restored["meta"]

@@ -23,6 +23,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from examples.llama import checkpoints
 from examples.llama import train_config
 from examples.llama import trainer
 
@@ -36,7 +37,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     run = trainer.Trainer(cfg)
   except (ValueError, FileNotFoundError, ImportError) as e:
     train_config.make_parser().error(str(e))
-  summary = run.run()
+  try:
+    summary = run.run()
+  except checkpoints.RestoreError as e:  # --resume onto another model or data.
+    train_config.make_parser().error(str(e))
   if "sample" in summary:
     print(f"--- sample ({cfg.sample} tokens, temperature {cfg.temperature}) ---")
     print(cfg.prompt + summary["sample"])

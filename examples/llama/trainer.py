@@ -153,7 +153,7 @@ class Trainer:
     if cfg.resume and latest is not None:
       self.state, meta = checkpoints.restore(self.manager, latest, self.state)
       if meta["data"] != self.data_identity:
-        raise ValueError(
+        raise checkpoints.RestoreError(
             f"--resume: the checkpoint's data stream {meta['data']} differs from "
             f"this run's {self.data_identity}; resume with the same data settings.")
       old_run = meta.get("run", {})
