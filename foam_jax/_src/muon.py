@@ -186,6 +186,9 @@ def scale_by_folded_muon(
             f"ns_coeffs has {coeffs.shape[0]} rows, more than ns_steps="
             f"{ns_steps}.")
       coeffs = coeffs[-ns_steps:]
+    # Placed with the params (as the count), so a jitted step's outputs are
+    # placed as its inputs and its second call does not recompile.
+    coeffs = placement.replicated_zeros(coeffs.shape, coeffs.dtype, params) + coeffs
     return FoldedMuonState(
         count=placement.count_zeros(params), mu=mu, ns_coeffs=coeffs)
 
