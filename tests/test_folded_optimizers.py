@@ -318,3 +318,20 @@ def test_init_is_abstract_and_masked_nodes_pass():
   state = masked.init(real)
   updates, _ = masked.update(real, state, real)
   assert updates["bias"].shape == SHAPES["bias"]
+
+
+@pytest.mark.parametrize("name", ["fsdp", "tp", "fsdp_tp"])
+def test_folded_muon_needs_exactly_optax_muons_collectives(name):
+  """Newton-Schulz needs whole matrices: the same collectives as Optax's Muon.
+
+  Folding adds none: the folded momentum update is block-local.
+  """
+  params = _sharded(LAYOUTS[name], AxisType.Auto)
+  counts = {}
+  for label, tx in (
+      ("optax", optax.contrib.muon(1e-3, muon_weight_dimension_numbers=_matrix_rule)),
+      ("folded", foam_jax.foam_muon(1e-3))):
+    state = tx.init(params)
+    hlo = jax.jit(tx.update).lower(params, state, params).compile().as_text()
+    counts[label] = count_collectives(hlo)
+  assert counts["folded"] == counts["optax"]
