@@ -19,7 +19,7 @@ from foam_jax._src import placement
 from foam_jax._src import specs as specs_lib
 from foam_jax._src import validation as _validation
 
-__all__ = ["ScaleByFoldedAdamState", "scale_by_folded_adam"]
+__all__ = ["ScaleByFoldedAdamState", "bias_correction", "scale_by_folded_adam"]
 
 DEFAULT_FOLD_LEVEL = 2
 
@@ -38,7 +38,7 @@ class ScaleByFoldedAdamState(NamedTuple):
   nu: optax.Updates
 
 
-def _bias_correction(x: jax.Array, decay: Any, count: jax.Array) -> jax.Array:
+def bias_correction(x: jax.Array, decay: Any, count: jax.Array) -> jax.Array:
   """``x / (1 - decay**count)``: Optax's own, so level 0 is Optax's bit for bit.
 
   (``1 - decay**count`` cancels badly for small ``count``: one ulp of
@@ -147,11 +147,11 @@ def scale_by_folded_adam(
       nu_new = moment.ema(nu, fg.mean_of_squares(), b2, real)
       m = fg.read(mu_new.astype(compute))
       if nesterov:
-        m_hat = (b1 * _bias_correction(m, b1, optax.safe_increment(count))
-                 + (1 - b1) * _bias_correction(fg.blocks, b1, count))
+        m_hat = (b1 * bias_correction(m, b1, optax.safe_increment(count))
+                 + (1 - b1) * bias_correction(fg.blocks, b1, count))
       else:
-        m_hat = _bias_correction(m, b1, count)
-      v_hat = _bias_correction(fg.read_energy(nu_new.astype(real)), b2, count)
+        m_hat = bias_correction(m, b1, count)
+      v_hat = bias_correction(fg.read_energy(nu_new.astype(real)), b2, count)
       u = m_hat / (jnp.sqrt(v_hat + eps_root) + eps)
       if geom is not None:
         u = alpha * u

@@ -215,10 +215,10 @@ def scale_by_folded_muon(
       m = fg.unblock(fg.read(mu_new.astype(compute)))  # Whole, for NS.
       g = g.astype(compute)
       if nesterov:
-        m_hat = (beta * adam._bias_correction(m, beta, optax.safe_increment(count))  # pylint: disable=protected-access
-                 + (1 - beta) * adam._bias_correction(g, beta, count))  # pylint: disable=protected-access
+        m_hat = (beta * adam.bias_correction(m, beta, optax.safe_increment(count))
+                 + (1 - beta) * adam.bias_correction(g, beta, count))
       else:
-        m_hat = adam._bias_correction(m, beta, count)  # pylint: disable=protected-access
+        m_hat = adam.bias_correction(m, beta, count)
       u = optax_muon.orthogonalize_via_newton_schulz(
           m_hat, state.ns_coeffs, ns_steps, preconditioning, eps,
           dim_num if _is_dim_nums(dim_num) else None)
@@ -273,7 +273,7 @@ def foam_muon(
   Default policy: FOAM's. The hidden matrices are the leaves FOAM folds
   (``ndim >= 2`` except paths containing ``embed``/``lm_head``), with
   ``MuonDimensionNumbers(reduction_axis=-2, output_axis=-1)``
-  (:func:`matrix_dimension_numbers`); momenta and moments are folded along
+  (``foam_jax._src.muon.matrix_dimension_numbers``); momenta and moments are folded along
   axis ``-2`` at ``fold_level``. Muon's state at level 2 is a quarter of
   Optax's. The positional and keyword parameters are ``optax.contrib.muon``'s,
   with its defaults; FOAM's options follow.
@@ -307,7 +307,7 @@ def foam_muon(
     adam_learning_rate: AdamW's learning rate (default: ``learning_rate``).
     muon_weight_dimension_numbers: a tree of ``MuonDimensionNumbers | None``
       (``None``: AdamW) or a callable returning one; ``None`` is FOAM's
-      matrix rule (:func:`matrix_dimension_numbers`).
+      matrix rule (above).
     consistent_rms: Optax's consistent-RMS scaling (``None``: width scaling).
     fold_level: blocks hold ``2**fold_level`` entries; ``None`` is ``2``.
       Under ``optax.inject_hyperparams`` an explicit level needs
@@ -336,8 +336,10 @@ def foam_muon(
     Wen et al., `FOAM: Blocked State Folding for Memory-Efficient LLM
     Training <https://arxiv.org/abs/2512.07112>`_, 2025.
   """
-  _validation.check_number(
-      "learning_rate", learning_rate, low=0.0, allow_callable=True)
+  for name, value in (("learning_rate", learning_rate),
+                      ("weight_decay", weight_decay),
+                      ("adam_weight_decay", adam_weight_decay)):
+    _validation.check_number(name, value, low=0.0, allow_callable=True)
   if adam_learning_rate is None:
     adam_learning_rate = learning_rate
   if isinstance(ns_coeffs, str):
