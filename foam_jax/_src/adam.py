@@ -19,7 +19,7 @@ from foam_jax._src import placement
 from foam_jax._src import specs as specs_lib
 from foam_jax._src import validation as _validation
 
-__all__ = ["ScaleByFoldedAdamState", "bias_correction", "scale_by_folded_adam"]
+__all__ = ["ScaleByFoldedAdamState", "scale_by_folded_adam"]
 
 DEFAULT_FOLD_LEVEL = 2
 
@@ -36,15 +36,6 @@ class ScaleByFoldedAdamState(NamedTuple):
   count: jax.Array
   mu: optax.Updates
   nu: optax.Updates
-
-
-def bias_correction(x: jax.Array, decay: Any, count: jax.Array) -> jax.Array:
-  """``x / (1 - decay**count)``: Optax's own, so level 0 is Optax's bit for bit.
-
-  (``1 - decay**count`` cancels badly for small ``count``: one ulp of
-  ``decay**count`` computed another way moves the update by ~1e-5.)
-  """
-  return optax.tree.bias_correction(x, decay, count)
 
 
 def scale_by_folded_adam(
@@ -134,31 +125,39 @@ def scale_by_folded_adam(
     specs = specs_lib.resolve_fold_specs(updates, fold_spec, fold_level)
     count = optax.safe_increment(state.count)
 
-    def leaf_update(spec, g, mu, nu):
+    def read(spec, g, mu, nu):
+      """New folded moments and their read-backs ``M``, ``V``, whole."""
       if isinstance(g, optax.MaskedNode):
-        return g, mu, nu
+        return g, g, g, mu, nu
       compute = jnp.promote_types(g.dtype, jnp.float32)
       real = moment.real_dtype(compute)
       geom = moment.geometry(spec, g.shape, mu.shape)
       fg = moment.FoldedGradient(g.astype(compute), geom,
                                  residual_scale=residual_scale,
                                  count_dtype=real)
-      mu_new = moment.ema(mu, fg.mean, b1, compute)
-      nu_new = moment.ema(nu, fg.mean_of_squares(), b2, real)
-      m = fg.read(mu_new.astype(compute))
-      if nesterov:
-        m_hat = (b1 * bias_correction(m, b1, optax.safe_increment(count))
-                 + (1 - b1) * bias_correction(fg.blocks, b1, count))
-      else:
-        m_hat = bias_correction(m, b1, count)
-      v_hat = bias_correction(fg.read_energy(nu_new.astype(real)), b2, count)
-      u = m_hat / (jnp.sqrt(v_hat + eps_root) + eps)
-      if geom is not None:
-        u = alpha * u
-      return fg.unblock(u).astype(g.dtype), mu_new, nu_new
+      mu_new = moment.ema(mu, fg.mean, b1, compute, optax_order=True)
+      nu_new = moment.ema(nu, fg.mean_of_squares(), b2, real, optax_order=True)
+      m = fg.unblock(fg.read(mu_new.astype(compute)))
+      v = fg.unblock(fg.read_energy(nu_new.astype(real)))
+      return m, v, 1.0 if geom is None else alpha, mu_new, nu_new
 
-    updates, mu, nu = moment.map_leaves(
-        leaf_update, specs, updates, state.mu, state.nu, outputs=3)
+    m, v, scale, mu, nu = moment.map_leaves(
+        read, specs, updates, state.mu, state.nu, outputs=5)
+    # From here on, Optax's scale_by_adam on the read-back moments, tree by
+    # tree as Optax does it (so that level 0 is Optax's to the last bit).
+    g = jax.tree.map(lambda x, y: x.astype(y.dtype), updates, m)
+    if nesterov:
+      m_hat = jax.tree.map(
+          lambda m, g: b1 * m + (1 - b1) * g,
+          optax.tree.bias_correction(m, b1, optax.safe_increment(count)),
+          optax.tree.bias_correction(g, b1, count))
+    else:
+      m_hat = optax.tree.bias_correction(m, b1, count)
+    v_hat = optax.tree.bias_correction(v, b2, count)
+    updates = jax.tree.map(
+        lambda m, v, a, g: (a * (m / (jnp.sqrt(v + eps_root) + eps))
+                            ).astype(g.dtype),
+        m_hat, v_hat, scale, updates)
     return updates, ScaleByFoldedAdamState(count=count, mu=mu, nu=nu)
 
   return optax.GradientTransformation(init_fn, update_fn)

@@ -118,7 +118,8 @@ class FoldedGradient:
 
   Args:
     g: the gradient, already in the compute dtype.
-    geom: the leaf's :class:`Geometry`, or ``None`` if it is not folded.
+    geom: the leaf's :class:`Geometry`, or ``None`` if it is not folded
+      (level 0, blocks of one entry, is the same: the gradient itself).
     residual_scale: ``c``, the weight of the residual in every read.
     count_dtype: dtype of the per-block entry counts (a tail block shorter
       than the rest is averaged over its true length).
@@ -135,6 +136,8 @@ class FoldedGradient:
 
   def __init__(self, g: jax.Array, geom: Geometry | None, *,
                residual_scale: Any = 1.0, count_dtype=None):
+    if geom is not None and geom.level == 0:
+      geom = None  # Blocks of one entry: F = U = id and R = 0 exactly.
     self.geom = geom
     self.length = None if geom is None else g.shape[geom.axis]
     self.residual_scale = residual_scale
@@ -190,7 +193,7 @@ class FoldedGradient:
 
 
 def ema(moment: jax.Array, target: jax.Array, decay: Any,
-        compute_dtype=None) -> jax.Array:
+        compute_dtype=None, *, optax_order: bool = False) -> jax.Array:
   """``decay * moment + (1 - decay) * target``, stored in ``moment``'s dtype.
 
   Args:
@@ -198,6 +201,11 @@ def ema(moment: jax.Array, target: jax.Array, decay: Any,
     target: what it averages: ``F(g)``, ``F(|g|^2)``, in the folded shape.
     decay: the EMA's decay rate.
     compute_dtype: dtype the stored moment is read in (default: its own).
+    optax_order: write it ``(1 - decay) * target + decay * moment``, as
+      ``optax.tree.update_moment`` does. The sum is the same, but under
+      ``jit`` XLA may contract one product into a fused multiply-add, so
+      the operand order decides the last bit: the transforms that mirror an
+      Optax optimizer use Optax's order to equal it bit for bit at level 0.
 
   Returns:
     The new moment, rounded to the storage dtype.
@@ -208,6 +216,8 @@ def ema(moment: jax.Array, target: jax.Array, decay: Any,
     Array([0.5, 1. ], dtype=float32)
   """
   m = moment if compute_dtype is None else moment.astype(compute_dtype)
+  if optax_order:
+    return ((1.0 - decay) * target + decay * m).astype(moment.dtype)
   return (decay * m + (1.0 - decay) * target).astype(moment.dtype)
 
 

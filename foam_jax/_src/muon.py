@@ -203,31 +203,38 @@ def scale_by_folded_muon(
                               is_leaf=specs_lib.is_spec_leaf)
     count = optax.safe_increment(state.count)
 
-    def leaf_update(spec, g, mu, dim_num):
+    def read(spec, g, mu):
+      """The new folded momentum and its read-back ``U m + c R``, whole."""
       if isinstance(g, optax.MaskedNode):
-        return g, mu
-      out_dtype = g.dtype
+        return g, g, mu
       compute = jnp.promote_types(g.dtype, jnp.float32)
       fg = moment.FoldedGradient(
           g.astype(compute), moment.geometry(spec, g.shape, mu.shape),
           residual_scale=residual_scale)
-      mu_new = moment.ema(mu, fg.mean, beta, compute)
-      m = fg.unblock(fg.read(mu_new.astype(compute)))  # Whole, for NS.
-      g = g.astype(compute)
-      if nesterov:
-        m_hat = (beta * adam.bias_correction(m, beta, optax.safe_increment(count))
-                 + (1 - beta) * adam.bias_correction(g, beta, count))
-      else:
-        m_hat = adam.bias_correction(m, beta, count)
-      u = optax_muon.orthogonalize_via_newton_schulz(
-          m_hat, state.ns_coeffs, ns_steps, preconditioning, eps,
-          dim_num if _is_dim_nums(dim_num) else None)
-      if adaptive:
-        u = jnp.sum(m_hat.conj() * u) * u
-      return u.astype(out_dtype), mu_new
+      mu_new = moment.ema(mu, fg.mean, beta, compute, optax_order=True)
+      return fg.unblock(fg.read(mu_new.astype(compute))), fg.unblock(
+          fg.blocks), mu_new
 
-    updates, mu = moment.map_leaves(
-        leaf_update, specs, updates, state.mu, dim_nums, outputs=2)
+    m, g, mu = moment.map_leaves(read, specs, updates, state.mu, outputs=3)
+    # From here on, Optax's scale_by_muon on the read-back momentum, tree by
+    # tree as Optax does it (so that level 0 is Optax's to the last bit).
+    if nesterov:
+      m_hat = jax.tree.map(
+          lambda m, g: beta * m + (1 - beta) * g,
+          optax.tree.bias_correction(m, beta, optax.safe_increment(count)),
+          optax.tree.bias_correction(g, beta, count))
+    else:
+      m_hat = optax.tree.bias_correction(m, beta, count)
+    new_updates = jax.tree.map(
+        lambda x, dim_num: optax_muon.orthogonalize_via_newton_schulz(
+            x, state.ns_coeffs, ns_steps, preconditioning, eps,
+            dim_num if _is_dim_nums(dim_num) else None),
+        m_hat, dim_nums, is_leaf=_is_dim_nums)
+    if adaptive:
+      new_updates = jax.tree.map(
+          lambda x, y: jnp.sum(x.conj() * y) * y, m_hat, new_updates)
+    updates = jax.tree.map(lambda u, g: u.astype(g.dtype), new_updates,
+                           updates)
     return updates, FoldedMuonState(
         count=count, mu=mu, ns_coeffs=state.ns_coeffs)
 
