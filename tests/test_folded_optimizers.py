@@ -108,7 +108,7 @@ def test_foam_muon_matches_float64_reference(nesterov):
       adam_weight_decay=hp["adam_wd"], alpha=hp["alpha"],
       residual_scale=hp["c"], muon_weight_dimension_numbers=_dims)
   state = _run_parity(tx, NumpyFoldedMuon(MUON_RULES, HIDDEN, **hp),
-                      MUON_SHAPES, atol=1e-4)
+                      MUON_SHAPES, atol=1e-5)
   shapes = {}
   for moments in _moment_states(state):
     for k, x in moments.mu.items():
