@@ -6,9 +6,12 @@ convergence on small targets in float32 and complex64, ``map_params``, extra
 arguments to ``update``, no recompilation on the second call,
 ``inject_hyperparams`` equal to direct construction, dtype preservation,
 state stability under ``lax.cond`` for six dtypes, and ``MultiSteps``.
-Parametrised over ``foam``, ``foam_mini``, ``foam`` at level 1 and at level 0.
-Optax skips complex parameters only for optimizers that do not support them;
-FOAM does, so nothing is skipped here.
+Parametrised over ``foam``, ``foam_mini``, ``foam`` at level 1 and at level 0,
+``foam_muon`` and ``foam_lion``. Optax skips complex parameters only for
+optimizers that do not support them; FOAM does, so nothing is skipped for it.
+Optax's own battery skips complex parameters for Lion (``alias_test.py``) and
+runs Muon on real ones only (``contrib/_common_test.py``); the folded
+versions mirror exactly those skips and nothing more.
 """
 
 import contextlib
@@ -37,8 +40,26 @@ OPTIMIZERS = {
                 ("fold_level",)),
     "foam_l0": (foam_jax.foam, {"learning_rate": LR, "fold_level": 0},
                 ("fold_level",)),
+    # Optax's learning rates for these in its own batteries.
+    "foam_muon": (foam_jax.foam_muon, {"learning_rate": 1e-2}, ()),
+    "foam_lion": (foam_jax.foam_lion,
+                  {"learning_rate": 1e-2, "weight_decay": 1e-4}, ()),
 }
 NAMES = list(OPTIMIZERS)
+# Optax's battery skips complex parameters for these (see the docstring).
+REAL_ONLY = ("foam_muon", "foam_lion")
+
+
+def skip_complex(name, dtype):
+  if name in REAL_ONLY and jnp.issubdtype(jnp.dtype(dtype), jnp.complexfloating):
+    pytest.skip(f"Optax's battery skips complex parameters for {name}'s base.")
+
+
+def moment_states(state):
+  """The states holding moments (``mu``, maybe ``nu``), wherever they sit."""
+  is_moments = lambda x: hasattr(x, "mu") and hasattr(x, "count")
+  return [x for x in jax.tree.leaves(state, is_leaf=is_moments)
+          if is_moments(x)]
 
 
 def make(name):
@@ -128,6 +149,7 @@ def make_step(tx, objective, **update_kwargs):
     ids=lambda t: t.__name__)
 @pytest.mark.parametrize("name", NAMES)
 def test_optimization(name, target, dtype):
+  skip_complex(name, dtype)
   tx = make(name)
   params, final, objective = target(jnp.dtype(dtype))
   step = make_step(tx, objective)
@@ -252,6 +274,7 @@ def test_updates_keep_the_gradients_dtype(name, dtype):
 def test_state_is_stable_under_lax_cond(name, dtype):
   """Old and new state are interchangeable branches of ``lax.cond``."""
   x64 = dtype in ("float64", "complex128")
+  skip_complex(name, dtype)
   with jax.enable_x64(x64):
     dtype = jnp.dtype(dtype)
     tx = make(name)
@@ -274,9 +297,11 @@ def test_state_is_stable_under_lax_cond(name, dtype):
       pick = jax.random.randint(jax.random.key(0), (), 0, 2) == 0
       state = jax.lax.cond(pick, lambda s=state: s, lambda s=new_state: s)
     # The second moment is real, in the real dtype of the params' precision.
-    nu = state[0].nu
-    assert all(x.dtype == jnp.finfo(dtype).dtype for x in jax.tree.leaves(nu))
-    assert all(x.dtype == dtype for x in jax.tree.leaves(state[0].mu))
+    for moments in moment_states(state):
+      if hasattr(moments, "nu"):
+        assert all(x.dtype == jnp.finfo(dtype).dtype
+                   for x in jax.tree.leaves(moments.nu))
+      assert all(x.dtype == dtype for x in jax.tree.leaves(moments.mu))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -302,9 +327,10 @@ def test_map_params_reaches_every_moment(name):
   params = {"w": jnp.ones((8, 4)), "b": jnp.ones((4,))}
   state = tx.init(params)
   mapped = optax.tree.map_params(tx, lambda v: v + 1, state)
-  for got, was in zip(jax.tree.leaves(mapped[0].mu), jax.tree.leaves(state[0].mu)):
-    np.testing.assert_array_equal(got, was + 1)
-  assert int(mapped[0].count) == 0  # Not a copy of the params: untouched.
+  for new, old in zip(moment_states(mapped), moment_states(state)):
+    for got, was in zip(jax.tree.leaves(new.mu), jax.tree.leaves(old.mu)):
+      np.testing.assert_array_equal(got, was + 1)
+    assert int(new.count) == 0  # Not a copy of the params: untouched.
 
 
 # --- The signature: foam(lr) means optax.adamw(lr) with folding. ---
@@ -372,3 +398,19 @@ def test_complex_second_moment_storage_is_refused():
   # A complex first moment is a valid storage dtype (complex params).
   foam_jax.foam(1e-3, mu_dtype=jnp.complex64)
 
+
+
+@pytest.mark.parametrize("folded, base", [
+    (foam_jax.foam_muon, optax.contrib.muon),
+    (foam_jax.foam_lion, optax.lion),
+    (foam_jax.scale_by_folded_muon, optax.contrib.scale_by_muon),
+    (foam_jax.scale_by_folded_lion, optax.scale_by_lion),
+], ids=lambda f: f.__name__)
+def test_folded_signatures_extend_optaxs(folded, base):
+  """Optax's parameters, order, kinds and defaults; FOAM's keyword-only after."""
+  want = _parameters(base)
+  got = _parameters(folded)
+  assert got[:len(want)] == want
+  own = got[len(want):]
+  assert own and all(kind == inspect.Parameter.KEYWORD_ONLY for _, kind, _ in own)
+  assert {"fold_level", "residual_scale", "fold_spec"} <= {n for n, _, _ in own}

@@ -82,6 +82,20 @@ def zeros_like_placed(shape, dtype, leaf: Any) -> jax.Array:
   return jnp.zeros(shape, dtype, device=sharding)
 
 
+def replicated_zeros(shape, dtype, params: Any) -> jax.Array:
+  """Zeros of ``shape`` replicated over the params' placement (see below)."""
+  for leaf in jax.tree.leaves(params):
+    sharding = known_sharding(leaf)
+    if sharding is None:
+      continue
+    if isinstance(sharding, NamedSharding):
+      sharding = NamedSharding(sharding.mesh, PartitionSpec())
+    if isinstance(leaf, jax.core.Tracer):
+      return jnp.zeros(shape, dtype, out_sharding=sharding)
+    return jnp.zeros(shape, dtype, device=sharding)
+  return jnp.zeros(shape, dtype)
+
+
 def count_zeros(params: Any) -> jax.Array:
   """A zero ``int32`` step count placed with the params.
 
@@ -91,13 +105,4 @@ def count_zeros(params: Any) -> jax.Array:
   recompile (``optax.adamw``'s uncommitted count recompiles once for
   committed params).
   """
-  for leaf in jax.tree.leaves(params):
-    sharding = known_sharding(leaf)
-    if sharding is None:
-      continue
-    if isinstance(sharding, NamedSharding):
-      sharding = NamedSharding(sharding.mesh, PartitionSpec())
-    if isinstance(leaf, jax.core.Tracer):
-      return jnp.zeros([], jnp.int32, out_sharding=sharding)
-    return jnp.zeros([], jnp.int32, device=sharding)
-  return jnp.zeros([], jnp.int32)
+  return replicated_zeros([], jnp.int32, params)

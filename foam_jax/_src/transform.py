@@ -10,9 +10,9 @@ import optax
 
 from foam_jax._src import validation as _validation
 from foam_jax._src import folding
+from foam_jax._src import moment
 from foam_jax._src import placement
 from foam_jax._src import specs as specs_lib
-from foam_jax._src.specs import FoldSpec
 
 __all__ = ["ScaleByFoamState", "scale_by_foam"]
 
@@ -37,40 +37,6 @@ class ScaleByFoamState(NamedTuple):
   count: jax.Array
   mu: optax.Updates
   nu: optax.Updates
-
-
-def _fold_geometry(spec: FoldSpec, shape, state_shape) -> tuple[int, int]:
-  """Recovers ``(axis, level)`` of a folded leaf from its state's shape.
-
-  The state is the source of truth: ``init`` may have lowered the level or
-  moved the axis to fit the parameter's sharding, and ``update`` (possibly
-  traced without sharding information) must fold exactly like ``init`` did.
-  """
-  ndim = len(shape)
-  differing = [
-      a for a in range(min(ndim, len(state_shape))) if shape[a] != state_shape[a]
-  ]
-  if len(state_shape) != ndim or len(differing) > 1:
-    raise ValueError(
-        f"FOAM state of shape {tuple(state_shape)} does not fit a gradient of "
-        f"shape {tuple(shape)}; was the state made for other params?"
-    )
-  axis = differing[0] if differing else spec.axis % ndim
-  n, nb = shape[axis], state_shape[axis]
-  # The smallest level that folds n entries into nb blocks (num_blocks only
-  # falls as the level grows; levels past the axis length all give 1 block).
-  for level in range(max(n, 1).bit_length() + 1):
-    if folding.num_blocks(n, level) == nb:
-      return axis, level
-  raise ValueError(
-      f"FOAM state of shape {tuple(state_shape)} is not a fold of shape "
-      f"{tuple(shape)}."
-  )
-
-
-def _real_dtype(dtype) -> jnp.dtype:
-  """The real dtype of a (possibly complex) inexact dtype's precision."""
-  return jnp.finfo(dtype).dtype
 
 
 def scale_by_foam(
@@ -197,21 +163,11 @@ def scale_by_foam(
     def moments(spec, p):
       if isinstance(p, optax.MaskedNode):
         return p, p
-      shape = tuple(p.shape)
-      if spec is not None:
-        shape = folding.folded_shape(shape, spec.axis, spec.level)
-      mu = placement.zeros_like_placed(shape, mu_dtype or p.dtype, p)
-      nu = placement.zeros_like_placed(
-          shape, nu_dtype or _real_dtype(p.dtype), p)
-      return mu, nu
+      return (moment.zeros(spec, p, mu_dtype or p.dtype),
+              moment.zeros(spec, p, nu_dtype or moment.real_dtype(p.dtype)))
 
-    pairs = jax.tree.map(moments, specs, params, is_leaf=specs_lib.is_spec_leaf)
-    pick = lambda i: jax.tree.map(  # pylint: disable=g-long-lambda
-        lambda _, pair: pair[i], specs, pairs, is_leaf=specs_lib.is_spec_leaf
-    )
-    return ScaleByFoamState(
-        count=placement.count_zeros(params), mu=pick(0), nu=pick(1)
-    )
+    mu, nu = moment.map_leaves(moments, specs, params, outputs=2)
+    return ScaleByFoamState(count=placement.count_zeros(params), mu=mu, nu=nu)
 
   def update_fn(updates, state, params=None):
     del params
@@ -244,48 +200,31 @@ def scale_by_foam(
         return g, mu, nu
       out_dtype = g.dtype
       compute = jnp.promote_types(g.dtype, jnp.float32)
-      real = _real_dtype(compute)  # Of the second moment.
-      g = g.astype(compute)
+      real = moment.real_dtype(compute)  # Of the second moment.
+      # The blocked view of g (g itself for a leaf that is not folded): block
+      # sums are slices + adds and unfold is a broadcast, so XLA fuses a leaf
+      # into three loops, each reading g once, with no temporaries.
+      geom = moment.geometry(spec, g.shape, mu.shape)
+      fg = moment.FoldedGradient(g.astype(compute), geom,
+                                 residual_scale=residual_scale,
+                                 count_dtype=real)
+      if second_moment == "mean_of_squares" or geom is None:
+        g_sq_mean = fg.mean_of_squares()
+      else:
+        g_sq_mean = folding.abs_sq(fg.mean)
       # The update reads the moments as stored (rounded to mu_dtype/nu_dtype),
       # as the authors' in-place PyTorch code does: then XLA can overwrite
       # low-precision states in place instead of keeping float32 copies.
-      if spec is None:
-        mu_new = (b1 * mu.astype(compute) + (1.0 - b1) * g).astype(mu.dtype)
-        nu_new = (b2 * nu.astype(real) + (1.0 - b2) * folding.abs_sq(g)
-                  ).astype(nu.dtype)
-        u = direction(mu_new.astype(compute), nu_new.astype(real), g, 1.0)
-        return u.astype(out_dtype), mu_new, nu_new
-
-      axis, level = _fold_geometry(spec, g.shape, mu.shape)
-      n = g.shape[axis]
-      # Everything below is elementwise work on the blocked view
-      # (.., nb, k, ..) of g and the folded view (.., nb, ..) of the states,
-      # with block sums as slices + adds (folding.block_sums): XLA fuses it
-      # into three loops per leaf, each reading g once, with no temporaries.
-      g_blocks = folding.to_blocks(g, axis, level)  # (.., nb, k, ..)
-      counts = folding.folded_counts(n, level, g.ndim, axis, real)
-      g_mean = folding.block_sums(g_blocks, axis) / counts  # (.., nb, ..)
-      if second_moment == "mean_of_squares":
-        g_sq_mean = folding.block_sums(g_blocks, axis, square=True) / counts
-      else:
-        g_sq_mean = folding.abs_sq(g_mean)
-      mu_new = (b1 * mu.astype(compute) + (1.0 - b1) * g_mean).astype(mu.dtype)
-      nu_new = (b2 * nu.astype(real) + (1.0 - b2) * g_sq_mean).astype(nu.dtype)
-      # Unfold is a broadcast over the block axis.
-      expand = lambda x: jnp.expand_dims(x, axis + 1)  # pylint: disable=unnecessary-lambda-assignment
-      r = residual_scale * (g_blocks - expand(g_mean))
+      mu_new = moment.ema(mu, fg.mean, b1, compute)
+      nu_new = moment.ema(nu, g_sq_mean, b2, real)
       u_blocks = direction(
-          expand(mu_new.astype(compute)) + r,
-          expand(nu_new.astype(real)) + folding.abs_sq(r),
-          g_blocks, alpha)
-      u = folding.from_blocks(u_blocks, axis, n)
-      return u.astype(out_dtype), mu_new, nu_new
+          fg.read(mu_new.astype(compute)),
+          fg.read_energy(nu_new.astype(real)),
+          fg.blocks, 1.0 if geom is None else alpha)
+      return fg.unblock(u_blocks).astype(out_dtype), mu_new, nu_new
 
-    triples = jax.tree.map(leaf_update, specs, updates, state.mu, state.nu,
-                           is_leaf=specs_lib.is_spec_leaf)
-    pick = lambda i: jax.tree.map(  # pylint: disable=g-long-lambda
-        lambda _, triple: triple[i], specs, triples, is_leaf=specs_lib.is_spec_leaf
-    )
-    return pick(0), ScaleByFoamState(count=count, mu=pick(1), nu=pick(2))
+    updates, mu, nu = moment.map_leaves(
+        leaf_update, specs, updates, state.mu, state.nu, outputs=3)
+    return updates, ScaleByFoamState(count=count, mu=mu, nu=nu)
 
   return optax.GradientTransformation(init_fn, update_fn)

@@ -1,0 +1,426 @@
+"""Folded Muon: ``optax.contrib.muon`` whose momentum is stored folded.
+
+Newton-Schulz needs whole matrices, so the momentum is read back at full
+size (:math:`U \\tilde m + c R`) before it is orthogonalized; only the stored
+state is folded. The orthogonalization and the shape scaling are Optax's own
+(``optax.contrib``'s Muon module), so at ``fold_level=0`` this *is*
+``optax.contrib.muon``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from optax.contrib import _muon as optax_muon  # Newton-Schulz, scale_by_shape.
+from optax.contrib import MuonDimensionNumbers
+
+from foam_jax._src import adam
+from foam_jax._src import moment
+from foam_jax._src import placement
+from foam_jax._src import specs as specs_lib
+from foam_jax._src import validation as _validation
+
+__all__ = [
+    "FoldedMuonState",
+    "scale_by_folded_muon",
+    "foam_muon",
+    "matrix_dimension_numbers",
+]
+
+DEFAULT_FOLD_LEVEL = 2
+DEFAULT_NS_COEFFS = optax_muon._DEFAULT_NS_COEFFS  # pylint: disable=protected-access
+_PRESETS = optax_muon._NS_COEFFS_PRESET_DICT  # pylint: disable=protected-access
+
+
+def _is_dim_nums(x: Any) -> bool:
+  return isinstance(x, MuonDimensionNumbers)
+
+
+class FoldedMuonState(NamedTuple):
+  """State of :func:`scale_by_folded_muon` (``optax.contrib.MuonState``'s tree).
+
+  Attributes:
+    count: number of updates applied so far (``int32``).
+    mu: the momentum, folded like FOAM's first moment.
+    ns_coeffs: the Newton-Schulz coefficients, as Optax's.
+  """
+
+  count: jax.Array
+  mu: optax.Updates
+  ns_coeffs: jax.Array
+
+
+def matrix_dimension_numbers(params: Any) -> Any:
+  """FOAM's matrix rule as Muon dimension numbers.
+
+  The leaves FOAM's default policy folds (``ndim >= 2``, path without
+  ``embed`` or ``lm_head``) are Muon's hidden matrices, with reduction axis
+  ``-2`` (FOAM's fold axis, a Flax kernel's input axis) and output axis
+  ``-1``; leading axes are batch axes (scan-stacked layers). Every other
+  leaf is ``None``: AdamW.
+
+  Args:
+    params: the parameter pytree (arrays or ``jax.ShapeDtypeStruct`` s).
+
+  Returns:
+    A pytree of ``optax.contrib.MuonDimensionNumbers | None`` like ``params``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> dims = matrix_dimension_numbers(
+    ...     {"embed": jnp.zeros((9, 4)), "w": jnp.zeros((4, 4))})
+    >>> dims["embed"], dims["w"]
+    (None, MuonDimensionNumbers(reduction_axis=-2, output_axis=-1))
+  """
+  specs = specs_lib.default_fold_specs(params)
+  return jax.tree.map(
+      lambda s: None if s is None else MuonDimensionNumbers(-2, -1),
+      specs, is_leaf=specs_lib.is_spec_leaf)
+
+
+def scale_by_folded_muon(
+    ns_coeffs: Any = DEFAULT_NS_COEFFS,
+    ns_steps: int = 5,
+    beta: float = 0.95,
+    eps: float = 1e-8,
+    mu_dtype: Any | None = None,
+    *,
+    nesterov: bool = True,
+    adaptive: bool = False,
+    preconditioning: Literal[
+        "frobenius", "spectral", "aol", "schatten"] = "frobenius",
+    weight_dimension_numbers: Any = None,
+    fold_level: int | None = None,
+    residual_scale: float = 1.0,
+    fold_spec: specs_lib.FoldSpecLike = None,
+) -> optax.GradientTransformation:
+  r"""Rescales updates with Muon, its momentum stored folded.
+
+  ``optax.contrib.scale_by_muon`` with the momentum kept as block means and
+  read back with the gradient's residual :math:`R_t = g_t - U F(g_t)`:
+
+  .. math::
+
+    \tilde m_t &= \beta \tilde m_{t-1} + (1 - \beta) F(g_t) \\
+    M_t &= U \tilde m_t + c R_t \\
+    \hat M_t &= \frac{\beta M_t}{1 - \beta^{t+1}}
+               + \frac{(1 - \beta) g_t}{1 - \beta^t}
+               \quad\text{(Nesterov; else } M_t / (1 - \beta^t)) \\
+    u_t &= \operatorname{NewtonSchulz}(\hat M_t)
+
+  Newton-Schulz, its preconditionings and ``adaptive`` are Optax's. With
+  ``fold_level=0`` it is ``optax.contrib.scale_by_muon``.
+
+  Sharding: the momentum state is folded along its parameter's rank and
+  sharded like the parameter, and the momentum update is block-local. The
+  orthogonalization needs whole matrices, as Optax's Muon does: on a matrix
+  sharded along its reduction or output axis, XLA gathers or all-reduces
+  the products ``M M^T`` (collectives per Newton-Schulz step).
+
+  Args:
+    ns_coeffs: Newton-Schulz coefficients, shape ``(3,)`` or ``(n, 3)``.
+    ns_steps: number of Newton-Schulz iterations.
+    beta: decay of the momentum.
+    eps: added to the preconditioning's denominator.
+    mu_dtype: storage dtype of the momentum (default: the param's).
+    nesterov: Nesterov momentum.
+    adaptive: scale by the dual norm of the updates, as Optax's.
+    preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` or
+      ``"schatten"``, as Optax's.
+    weight_dimension_numbers: a tree of ``optax.contrib.MuonDimensionNumbers``
+      or a callable returning one; ``None`` means every leaf is 2-D.
+    fold_level: level of the default policy; ``None`` is ``2``, ``0`` is
+      Optax's Muon.
+    residual_scale: ``c`` above.
+    fold_spec: which momenta to fold how; see :func:`foam_jax.scale_by_foam`.
+
+  Returns:
+    An ``optax.GradientTransformation`` with state :class:`FoldedMuonState`.
+
+  Examples:
+    >>> import jax.numpy as jnp, foam_jax
+    >>> tx = foam_jax.scale_by_folded_muon()
+    >>> state = tx.init({"w": jnp.ones((16, 8))})
+    >>> state.mu["w"].shape
+    (4, 8)
+    >>> updates, state = tx.update({"w": jnp.eye(16, 8)}, state)
+    >>> updates["w"].shape
+    (16, 8)
+
+  References:
+    Jordan, `modded-nanogpt: Speedrunning the NanoGPT baseline
+    <https://github.com/KellerJordan/modded-nanogpt>`_, 2024
+
+    Wen et al., `FOAM: Blocked State Folding for Memory-Efficient LLM
+    Training <https://arxiv.org/abs/2512.07112>`_, 2025.
+  """
+  _validation.check_number("beta", beta, low=0.0, high=1.0)
+  _validation.check_number("eps", eps, low=0.0)
+  if fold_level is None:
+    fold_level = DEFAULT_FOLD_LEVEL
+  _validation.check_level("fold_level", fold_level)
+  _validation.check_number("residual_scale", residual_scale, low=0.0)
+  if preconditioning not in optax_muon._PRECONDITIONINGS:  # pylint: disable=protected-access
+    raise ValueError(
+        f"preconditioning must be one of {optax_muon._PRECONDITIONINGS}, got "  # pylint: disable=protected-access
+        f"{preconditioning!r}.")
+  beta, residual_scale = map(_validation.real_part, (beta, residual_scale))
+  mu_dtype = _validation.storage_dtype("mu_dtype", mu_dtype)
+
+  def init_fn(params):
+    specs = specs_lib.resolve_fold_specs(params, fold_spec, fold_level)
+    (mu,) = moment.map_leaves(
+        lambda spec, p: (moment.zeros(spec, p, mu_dtype),), specs, params,
+        outputs=1)
+    coeffs = jnp.asarray(ns_coeffs)
+    if coeffs.ndim > 2 or coeffs.shape[-1] != 3:
+      raise ValueError(
+          f"ns_coeffs must have shape (3,) or (n, 3), got {coeffs.shape}.")
+    if coeffs.ndim == 2:
+      if not coeffs.shape[0] <= ns_steps:
+        raise ValueError(
+            f"ns_coeffs has {coeffs.shape[0]} rows, more than ns_steps="
+            f"{ns_steps}.")
+      coeffs = coeffs[-ns_steps:]
+    # Placed with the params (as the count), so a jitted step's outputs are
+    # placed as its inputs and its second call does not recompile.
+    coeffs = placement.replicated_zeros(coeffs.shape, coeffs.dtype, params) + coeffs
+    return FoldedMuonState(
+        count=placement.count_zeros(params), mu=mu, ns_coeffs=coeffs)
+
+  def update_fn(updates, state, params=None):
+    del params
+    specs = specs_lib.resolve_fold_specs(updates, fold_spec, fold_level)
+    dim_nums = (weight_dimension_numbers(updates)
+                if callable(weight_dimension_numbers)
+                else weight_dimension_numbers)
+    if dim_nums is None:
+      dim_nums = jax.tree.map(lambda _: None, specs,
+                              is_leaf=specs_lib.is_spec_leaf)
+    count = optax.safe_increment(state.count)
+
+    def read(spec, g, mu):
+      """The new folded momentum and its read-back ``U m + c R``, whole."""
+      if isinstance(g, optax.MaskedNode):
+        return g, g, mu
+      compute = jnp.promote_types(g.dtype, jnp.float32)
+      fg = moment.FoldedGradient(
+          g.astype(compute), moment.geometry(spec, g.shape, mu.shape),
+          residual_scale=residual_scale)
+      mu_new = moment.ema(mu, fg.mean, beta, compute, optax_order=True)
+      return fg.unblock(fg.read(mu_new.astype(compute))), fg.unblock(
+          fg.blocks), mu_new
+
+    m, g, mu = moment.map_leaves(read, specs, updates, state.mu, outputs=3)
+    # From here on, Optax's scale_by_muon on the read-back momentum, tree by
+    # tree as Optax does it (so that level 0 is Optax's to the last bit).
+    if nesterov:
+      m_hat = jax.tree.map(
+          lambda m, g: beta * m + (1 - beta) * g,
+          optax.tree.bias_correction(m, beta, optax.safe_increment(count)),
+          optax.tree.bias_correction(g, beta, count))
+    else:
+      m_hat = optax.tree.bias_correction(m, beta, count)
+    new_updates = jax.tree.map(
+        lambda x, dim_num: optax_muon.orthogonalize_via_newton_schulz(
+            x, state.ns_coeffs, ns_steps, preconditioning, eps,
+            dim_num if _is_dim_nums(dim_num) else None),
+        m_hat, dim_nums, is_leaf=_is_dim_nums)
+    if adaptive:
+      new_updates = jax.tree.map(
+          lambda x, y: jnp.sum(x.conj() * y) * y, m_hat, new_updates)
+    updates = jax.tree.map(lambda u, g: u.astype(g.dtype), new_updates,
+                           updates)
+    return updates, FoldedMuonState(
+        count=count, mu=mu, ns_coeffs=state.ns_coeffs)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def foam_muon(
+    learning_rate: optax.ScalarOrSchedule,
+    ns_coeffs: Any = DEFAULT_NS_COEFFS,
+    ns_steps: int = 5,
+    beta: float = 0.95,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    weight_decay_mask: Any | Callable[[optax.Params], Any] | None = None,
+    mu_dtype: Any | None = None,
+    *,
+    nesterov: bool = True,
+    adaptive: bool = False,
+    preconditioning: Literal[
+        "frobenius", "spectral", "aol", "schatten"] = "frobenius",
+    adam_b1: float = 0.9,
+    adam_b2: float = 0.999,
+    adam_eps_root: float = 0.0,
+    adam_weight_decay: float = 0.0,
+    adam_learning_rate: optax.ScalarOrSchedule | None = None,
+    muon_weight_dimension_numbers: Any = None,
+    consistent_rms: float | None = None,
+    fold_level: int | None = None,
+    residual_scale: float = 1.0,
+    fold_spec: specs_lib.FoldSpecLike = None,
+    alpha: float = 1.0,
+) -> optax.GradientTransformation:
+  r"""Muon with folded momenta: a drop-in replacement for ``optax.contrib.muon``.
+
+  ``optax.partition`` of two chains, as Optax's ``muon``:
+
+  * hidden matrices: :func:`scale_by_folded_muon` (Newton-Schulz on the
+    momentum read back from its folded state), Optax's ``scale_by_shape``,
+    weight decay, learning rate;
+  * every other leaf: AdamW in Optax's form whose moments are folded like
+    FOAM's wherever FOAM's default policy would fold them, otherwise plain.
+
+  Default policy: FOAM's. The hidden matrices are the leaves FOAM folds
+  (``ndim >= 2`` except paths containing ``embed``/``lm_head``), with
+  ``MuonDimensionNumbers(reduction_axis=-2, output_axis=-1)``
+  (``foam_jax._src.muon.matrix_dimension_numbers``); momenta and moments are folded along
+  axis ``-2`` at ``fold_level``. Muon's state at level 2 is a quarter of
+  Optax's. The positional and keyword parameters are ``optax.contrib.muon``'s,
+  with its defaults; FOAM's options follow.
+
+  With ``fold_level=0`` it equals ``optax.contrib.muon(...,
+  muon_weight_dimension_numbers=matrix_dimension_numbers)``.
+
+  Sharding: the states are sharded like their params and the AdamW part
+  and the momentum updates need no collectives; Newton-Schulz needs whole
+  matrices, as Optax's Muon does, so a sharded hidden matrix costs the
+  collectives of its matrix products ``M M^T`` (all-gathers or
+  all-reduces, per step of the iteration).
+
+  Args:
+    learning_rate: a float or an Optax schedule.
+    ns_coeffs: Newton-Schulz coefficients, or a preset name (``"standard"``,
+      ``"dion"``).
+    ns_steps: number of Newton-Schulz iterations.
+    beta: decay of the momentum.
+    eps: Newton-Schulz's and AdamW's denominator term.
+    weight_decay: Muon's weight decay.
+    weight_decay_mask: which leaves get Muon's weight decay.
+    mu_dtype: storage dtype of the first moments.
+    nesterov: Nesterov momentum (Muon's and AdamW's).
+    adaptive: Optax's adaptive scaling.
+    preconditioning: Optax's Newton-Schulz preconditioning.
+    adam_b1: AdamW's first-moment decay.
+    adam_b2: AdamW's second-moment decay.
+    adam_eps_root: AdamW's ``eps_root``.
+    adam_weight_decay: AdamW's weight decay.
+    adam_learning_rate: AdamW's learning rate (default: ``learning_rate``).
+    muon_weight_dimension_numbers: a tree of ``MuonDimensionNumbers | None``
+      (``None``: AdamW) or a callable returning one; ``None`` is FOAM's
+      matrix rule (above).
+    consistent_rms: Optax's consistent-RMS scaling (``None``: width scaling).
+    fold_level: blocks hold ``2**fold_level`` entries; ``None`` is ``2``.
+      Under ``optax.inject_hyperparams`` an explicit level needs
+      ``static_args=("fold_level",)``.
+    residual_scale: weight of the gradient residual in every read.
+    fold_spec: which leaves to fold how (both parts); see
+      :func:`foam_jax.scale_by_foam`.
+    alpha: scale of the AdamW part's folded leaves' updates.
+
+  Returns:
+    An ``optax.GradientTransformation``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, optax, foam_jax
+    >>> params = {"w": jnp.ones((16, 8)), "b": jnp.zeros((8,))}
+    >>> tx = foam_jax.foam_muon(1e-2)
+    >>> state = tx.init(params)
+    >>> grads = jax.grad(lambda p: jnp.sum((p["w"] @ jnp.ones(8) - p["b"][0]) ** 2))(params)
+    >>> updates, state = tx.update(grads, state, params)
+    >>> params = optax.apply_updates(params, updates)
+
+  References:
+    Jordan, `modded-nanogpt: Speedrunning the NanoGPT baseline
+    <https://github.com/KellerJordan/modded-nanogpt>`_, 2024
+
+    Wen et al., `FOAM: Blocked State Folding for Memory-Efficient LLM
+    Training <https://arxiv.org/abs/2512.07112>`_, 2025.
+  """
+  for name, value in (("learning_rate", learning_rate),
+                      ("weight_decay", weight_decay),
+                      ("adam_weight_decay", adam_weight_decay)):
+    _validation.check_number(name, value, low=0.0, allow_callable=True)
+  if adam_learning_rate is None:
+    adam_learning_rate = learning_rate
+  if isinstance(ns_coeffs, str):
+    if ns_coeffs not in _PRESETS:
+      raise ValueError(
+          f"ns_coeffs preset must be one of {sorted(_PRESETS)}, got "
+          f"{ns_coeffs!r}.")
+    ns_coeffs = _PRESETS[ns_coeffs]
+  if muon_weight_dimension_numbers is None:
+    muon_weight_dimension_numbers = matrix_dimension_numbers
+
+  def resolve_dim_nums(params):
+    if callable(muon_weight_dimension_numbers):
+      return muon_weight_dimension_numbers(params)
+    return muon_weight_dimension_numbers
+
+  def is_dim_leaf(x):
+    return x is None or _is_dim_nums(x) or isinstance(x, optax.MaskedNode)
+
+  def param_labels(params):
+    # Dimension numbers come first: they may be a prefix of the params.
+    return jax.tree.map(
+        lambda dim_num, x: jax.tree.map(
+            lambda _: "adam" if dim_num is None else "muon", x),
+        resolve_dim_nums(params), params, is_leaf=is_dim_leaf)
+
+  def muon_dim_nums(params):
+    # Shaped like the muon partition's (masked) tree: MaskedNode elsewhere.
+    return jax.tree.map(
+        lambda dim_num, x: jax.tree.map(
+            lambda label: dim_num if label == "muon" else optax.MaskedNode(),
+            x),
+        resolve_dim_nums(params), param_labels(params), is_leaf=is_dim_leaf)
+
+  return optax.partition(
+      transforms={
+          "muon": optax.chain(
+              scale_by_folded_muon(
+                  ns_coeffs=ns_coeffs,
+                  ns_steps=ns_steps,
+                  beta=beta,
+                  eps=eps,
+                  mu_dtype=mu_dtype,
+                  nesterov=nesterov,
+                  adaptive=adaptive,
+                  preconditioning=preconditioning,
+                  weight_dimension_numbers=muon_dim_nums,
+                  fold_level=fold_level,
+                  residual_scale=residual_scale,
+                  fold_spec=fold_spec,
+              ),
+              optax_muon.scale_by_shape(
+                  weight_dimension_numbers=muon_dim_nums,
+                  consistent_rms=consistent_rms,
+              ),
+              optax.add_decayed_weights(weight_decay, weight_decay_mask),
+              optax.scale_by_learning_rate(learning_rate),
+          ),
+          "adam": optax.chain(
+              adam.scale_by_folded_adam(
+                  adam_b1,
+                  adam_b2,
+                  eps,
+                  adam_eps_root,
+                  mu_dtype,
+                  nesterov=nesterov,
+                  fold_level=fold_level,
+                  alpha=alpha,
+                  residual_scale=residual_scale,
+                  fold_spec=fold_spec,
+              ),
+              optax.add_decayed_weights(adam_weight_decay),
+              optax.scale_by_learning_rate(adam_learning_rate),
+          ),
+      },
+      param_labels=param_labels,
+  )
