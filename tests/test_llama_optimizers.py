@@ -18,7 +18,7 @@ from examples.llama import steps
 SMALL = {"num_layers": 1, "hidden_size": 64, "intermediate_size": 176, "num_heads": 4}
 # One of each builder (the FOAM variants share one).
 ONE_EACH = ("foam", "foam_l3_ax1", "foam_mini", "adamw", "adafactor", "lion", "muon",
-            "galore")
+            "galore", "foam_lion", "foam_muon")
 
 
 @pytest.mark.parametrize("name", ONE_EACH)
@@ -52,6 +52,18 @@ def test_muon_keeps_adam_for_embeddings_and_lm_head():
     tx = optimizers.make_optimizer(name, 1e-3, hidden_size=8)
     shapes = [x.shape for x in jax.tree.leaves(tx.init(params))]
     assert (256, 8) in shapes and (8, 256) in shapes  # Adam moments kept
+
+
+@pytest.mark.parametrize("name,level", [("foam_muon", 2), ("foam_muon_l4", 4),
+                                        ("foam_lion", 2), ("foam_lion_l4", 4)])
+def test_folded_muon_and_lion_fold_their_momentum(name, level):
+  """Their momentum is the hidden matrices' fold; embeddings keep full size."""
+  params = {"embed_tokens": {"embedding": np.zeros((256, 32), np.float32)},
+            "q_proj": {"kernel": np.zeros((32, 32), np.float32)}}
+  shapes = [x.shape for x in jax.tree.leaves(
+      optimizers.make_optimizer(name, total_steps=10).init(params))]
+  assert (32 // 2**level, 32) in shapes and (32, 32) not in shapes
+  assert (256, 32) in shapes
 
 
 

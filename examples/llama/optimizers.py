@@ -15,6 +15,9 @@ One name per optimizer (``make_optimizer(name, ...)``), built the way Optax's
 * ``galore``: ``optax.contrib.galore`` on the same matrices, the GaLore
   paper's recipe (rank ``hidden_size / 4``, scale 0.25, Adam in the
   subspace, projection refreshed every quarter of the run).
+* ``foam_muon``, ``foam_lion`` (``_l4``: level 4): ``foam_jax.foam_muon`` and
+  ``foam_jax.foam_lion``, Muon's and Lion's momentum folded at level 2, with
+  ``muon``'s and ``lion``'s settings and default learning rates.
 
 "Hidden matrices" are one rule for all: the leaves FOAM's default policy
 folds (``foam_jax.default_fold_specs``), which for Muon and GaLore must also
@@ -155,6 +158,22 @@ def _muon(lr, sched: Schedule, *, b1=0.9, b2=0.95, weight_decay=0.0, beta=0.95,
           optax_contrib.MuonDimensionNumbers))
 
 
+def _foam_lion(lr, sched: Schedule, *, b1=0.9, b2=0.99, weight_decay=0.0, fold_level=None):
+  return foam_jax.foam_lion(sched(lr), b1=b1, b2=b2, weight_decay=weight_decay,
+                            fold_level=fold_level)
+
+
+def _foam_muon(lr, sched: Schedule, *, b1=0.9, b2=0.95, weight_decay=0.0, beta=0.95,
+               adam_lr_ratio=None, fold_level=None):
+  # As _muon; the hidden matrices are the library's default (FOAM's) policy.
+  adam_lr = lr * (DEFAULT_LR["adamw"] / DEFAULT_LR["muon"] if adam_lr_ratio is None
+                  else adam_lr_ratio)
+  return foam_jax.foam_muon(
+      sched(lr), beta=beta, weight_decay=weight_decay, adam_b1=b1, adam_b2=b2,
+      adam_weight_decay=weight_decay, adam_learning_rate=sched(adam_lr),
+      fold_level=fold_level)
+
+
 def _galore(lr, sched: Schedule, *, rank: int, update_proj_gap: int, b1=0.9, b2=0.95,
             eps=1e-8, scale=0.25):
   return optax_contrib.galore(
@@ -174,6 +193,10 @@ _BUILDERS: dict[str, Callable[..., optax.GradientTransformation]] = {
     "lion": _lion,
     "muon": _muon,
     "galore": _galore,
+    "foam_lion": _foam_lion,
+    "foam_lion_l4": functools.partial(_foam_lion, fold_level=4),
+    "foam_muon": _foam_muon,
+    "foam_muon_l4": functools.partial(_foam_muon, fold_level=4),
 }
 OPTIMIZERS = tuple(_BUILDERS)
 
@@ -184,6 +207,9 @@ DEFAULT_LR: dict[str, float] = {
     "lion": 3e-4,
     "muon": 2e-2,
     "galore": 1e-2,
+    # Folded Lion and Muon take their unfolded optimizer's lr (not tuned here).
+    **{name: 3e-4 for name in OPTIMIZERS if name.startswith("foam_lion")},
+    **{name: 2e-2 for name in OPTIMIZERS if name.startswith("foam_muon")},
 }
 
 
