@@ -114,7 +114,7 @@ def scale_by_folded_adam(
       if isinstance(p, optax.MaskedNode):
         return p, p
       return (moment.zeros(spec, p, mu_dtype or p.dtype),
-              moment.zeros(spec, p, moment.real_dtype(p.dtype)))
+              moment.zeros(spec, p, moment.real_dtype(p.dtype), second=True))
 
     mu, nu = moment.map_leaves(moments, specs, params, outputs=2)
     return ScaleByFoldedAdamState(
@@ -135,8 +135,10 @@ def scale_by_folded_adam(
       fg = moment.FoldedGradient(g.astype(compute), geom,
                                  residual_scale=residual_scale,
                                  count_dtype=real)
-      mu_new = moment.ema(mu, fg.mean, b1, compute, optax_order=True)
-      nu_new = moment.ema(nu, fg.mean_of_squares(), b2, real, optax_order=True)
+      mu_new = moment.ema(mu, fg.mean, b1, compute, optax_order=True,
+                          step=count)
+      nu_new = moment.ema(nu, fg.mean_of_squares(), b2, real, optax_order=True,
+                          step=count)
       m = fg.unblock(fg.read(mu_new.astype(compute)))
       v = fg.unblock(fg.read_energy(nu_new.astype(real)))
       return m, v, 1.0 if geom is None else alpha, mu_new, nu_new

@@ -137,7 +137,8 @@ def scale_by_folded_lion(
           residual_scale=residual_scale)
       # The read uses the momentum before this step's update, as Lion does.
       u = squash((1.0 - b1) * fg.blocks + b1 * fg.read(mu.astype(compute)))
-      mu_new = moment.ema(mu, fg.mean, b2, compute, optax_order=True)
+      mu_new = moment.ema(mu, fg.mean, b2, compute, optax_order=True,
+                          step=state.count)
       return fg.unblock(u).astype(g.dtype), mu_new
 
     updates, mu = moment.map_leaves(leaf_update, specs, updates, state.mu,

@@ -211,7 +211,8 @@ def scale_by_folded_muon(
       fg = moment.FoldedGradient(
           g.astype(compute), moment.geometry(spec, g.shape, mu.shape),
           residual_scale=residual_scale)
-      mu_new = moment.ema(mu, fg.mean, beta, compute, optax_order=True)
+      mu_new = moment.ema(mu, fg.mean, beta, compute, optax_order=True,
+                          step=count)
       return fg.unblock(fg.read(mu_new.astype(compute))), fg.unblock(
           fg.blocks), mu_new
 

@@ -164,7 +164,8 @@ def scale_by_foam(
       if isinstance(p, optax.MaskedNode):
         return p, p
       return (moment.zeros(spec, p, mu_dtype or p.dtype),
-              moment.zeros(spec, p, nu_dtype or moment.real_dtype(p.dtype)))
+              moment.zeros(spec, p, nu_dtype or moment.real_dtype(p.dtype),
+                           second=True))
 
     mu, nu = moment.map_leaves(moments, specs, params, outputs=2)
     return ScaleByFoamState(count=placement.count_zeros(params), mu=mu, nu=nu)
@@ -215,8 +216,8 @@ def scale_by_foam(
       # The update reads the moments as stored (rounded to mu_dtype/nu_dtype),
       # as the authors' in-place PyTorch code does: then XLA can overwrite
       # low-precision states in place instead of keeping float32 copies.
-      mu_new = moment.ema(mu, fg.mean, b1, compute)
-      nu_new = moment.ema(nu, g_sq_mean, b2, real)
+      mu_new = moment.ema(mu, fg.mean, b1, compute, step=count)
+      nu_new = moment.ema(nu, g_sq_mean, b2, real, step=count)
       u_blocks = direction(
           fg.read(mu_new.astype(compute)),
           fg.read_energy(nu_new.astype(real)),
