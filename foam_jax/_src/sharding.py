@@ -33,6 +33,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
 from foam_jax._src import memory
+from foam_jax._src import quantize
 from foam_jax._src import specs as specs_lib
 
 __all__ = [
@@ -136,6 +137,11 @@ def _is_masked(x: Any) -> bool:
   return isinstance(x, optax.MaskedNode)
 
 
+def _is_param_leaf(x: Any) -> bool:
+  """A state leaf standing for one parameter: masked, or an int8 moment."""
+  return isinstance(x, (optax.MaskedNode, quantize.QuantizedMoment))
+
+
 def _mesh_axes_size(mesh, entry) -> int:
   if entry is None:
     return 1
@@ -154,6 +160,9 @@ def state_shardings(tx: optax.GradientTransformation, params: Any) -> Any:
   leaf inside such a copy gets its parameter's ``NamedSharding`` when it has
   the parameter's rank (FOAM's folded moments do), and is replicated
   otherwise; every other leaf (step counts, hyperparameters) is replicated.
+  A moment stored in 8 bits (``mu_dtype=jnp.int8``) is a pair of codes and
+  per-block scales, both of the parameter's rank: each takes the
+  parameter's sharding.
 
   Args:
     tx: the optimizer.
@@ -212,13 +221,15 @@ def state_shardings(tx: optax.GradientTransformation, params: Any) -> Any:
     if isinstance(x, jax.ShapeDtypeStruct) and params_def.num_nodes != 1:
       return False
     try:
-      return jax.tree.structure(x, is_leaf=_is_masked) == params_def
+      return jax.tree.structure(x, is_leaf=_is_param_leaf) == params_def
     except Exception:  # pylint: disable=broad-except
       return False
 
   def for_leaf(path, sharding, param, leaf):
     if isinstance(leaf, optax.MaskedNode):
       return leaf
+    if isinstance(leaf, quantize.QuantizedMoment):
+      return type(leaf)(*(for_leaf(path, sharding, param, x) for x in leaf))
     if len(leaf.shape) != len(param.shape):
       return replicated
     for dim, entry in zip(leaf.shape, tuple(sharding.spec)):
@@ -238,7 +249,7 @@ def state_shardings(tx: optax.GradientTransformation, params: Any) -> Any:
   def for_subtree(x):
     if is_params_copy(x):
       return jax.tree_util.tree_map_with_path(
-          for_leaf, param_shardings, abstract, x, is_leaf=_is_masked
+          for_leaf, param_shardings, abstract, x, is_leaf=_is_param_leaf
       )
     return jax.tree.map(lambda _: replicated, x)
 
