@@ -225,15 +225,26 @@ def state_shardings(tx: optax.GradientTransformation, params: Any) -> Any:
     except Exception:  # pylint: disable=broad-except
       return False
 
-  def for_leaf(path, sharding, param, leaf):
+  def for_leaf(path, sharding, param, leaf, part=None):
     if isinstance(leaf, optax.MaskedNode):
       return leaf
     if isinstance(leaf, quantize.QuantizedMoment):
-      return type(leaf)(*(for_leaf(path, sharding, param, x) for x in leaf))
+      return type(leaf)(*(for_leaf(path, sharding, param, x, name)
+                          for name, x in zip(leaf._fields, leaf)))
     if len(leaf.shape) != len(param.shape):
       return replicated
     for dim, entry in zip(leaf.shape, tuple(sharding.spec)):
       parts = _mesh_axes_size(sharding.mesh, entry)
+      if dim % parts and part is not None:
+        raise ValueError(
+            f"The int8 optimizer state ({part}) for the parameter at "
+            f"{jax.tree_util.keystr(path)} has shape {tuple(leaf.shape)}, "
+            f"which its parameter's sharding {sharding.spec} (shape "
+            f"{tuple(param.shape)}) cannot split: its quantization block was "
+            "chosen without seeing the sharding (automatic mesh axes under "
+            "tracing), so a block would straddle two shards. Use explicit "
+            "mesh axes, init on the sharded params eagerly, or store this "
+            "moment in bfloat16.")
       if dim % parts:
         raise ValueError(
             f"The optimizer state leaf for the parameter at "
