@@ -356,7 +356,7 @@ def test_nnx_optimizer_with_sharded_params():
 
 def test_orbax_save_and_restore_onto_another_mesh(tmp_path):
   mesh = _mesh(AxisType.Auto)
-  params = _sharded(mesh)
+  params = _sharded(mesh, narrow=False)
   tx = foam_jax.foam(1e-2, mu_dtype=jnp.int8, nu_dtype=jnp.int8,
                      fold_spec=foam_jax.sharding.fitted_fold_specs(params))
   state = tx.init(params)
