@@ -70,7 +70,8 @@ def scale_by_folded_adam(
     b2: decay of the second moment.
     eps: added to the denominator.
     eps_root: added to the bias-corrected second moment inside the root.
-    mu_dtype: storage dtype of the first moments (default: the param's).
+    mu_dtype: storage dtype of the first moments (default: the param's);
+      ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits (codes plus one float32 scale per 256 entries, see :class:`foam_jax.QuantizedMoment`).
     nesterov: Nesterov momentum, as ``optax.scale_by_adam``.
     fold_level: level of the default policy; ``None`` is ``2``.
     alpha: scale of the folded leaves' updates.
