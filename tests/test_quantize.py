@@ -25,11 +25,24 @@ from foam_jax._src.hlo import COLLECTIVES, count_collectives
 
 from reference import LeafRule, NumpyFoam, np_unfold
 
-# Relative gap between neighbouring code values: 2**(1/r) - 1.
-GAP_NU = 2.0 ** (1 / quantize.RATE_NU) - 1   # 9.05 %
-GAP_MU = 2.0 ** (1 / quantize.RATE_MU) - 1   # 18.9 %
-SMALLEST_NU = 2.0 ** ((1 - 255) / quantize.RATE_NU)  # of the block maximum
-SMALLEST_MU = 2.0 ** ((1 - 127) / quantize.RATE_MU)
+
+
+def _np_code_values(scale, signed):
+  """float64 code values, built from the docstring's definition: the 255
+  (second moment) or 127 (first) largest numbers 2^e (1 + j / 2^b) <= 1,
+  b = 3 or 2 mantissa bits, times the block's scale."""
+  b, top = (2, 127) if signed else (3, 255)
+  grid = np.array(sorted({2.0**e * (1 + j / 2**b)
+                          for e in range(-40, 1) for j in range(2**b)}))
+  grid = grid[grid <= 1.0][-top:]
+  return scale * grid
+
+
+# Largest relative gap between neighbouring code values: 2^-b.
+GAP_NU = 1 / 8
+GAP_MU = 1 / 4
+SMALLEST_NU = _np_code_values(1.0, False)[0]  # Of the block maximum.
+SMALLEST_MU = _np_code_values(1.0, True)[0]
 
 
 def _log_normal(shape, decades, seed=0):
@@ -41,12 +54,6 @@ def _roundtrip(x, signed, step=None):
   q = quantize.quantize(jnp.asarray(x, jnp.float32),
                         quantize.zeros(np.shape(x), None, signed=signed), step)
   return q, np.asarray(quantize.dequantize(q), np.float64)
-
-
-def _np_code_values(scale, signed):
-  """float64 code values ``s 2^((q - top) / r)`` for q = 1..top."""
-  top, rate = (127, quantize.RATE_MU) if signed else (255, quantize.RATE_NU)
-  return scale * 2.0 ** ((np.arange(1, top + 1) - top) / rate)
 
 
 @pytest.mark.parametrize("signed", [False, True])
@@ -110,7 +117,7 @@ def test_stochastic_rounding_is_unbiased(signed):
 
 
 def test_second_moment_decays_under_zero_gradients():
-  """b2 = 0.999: each step moves v by 0.1 %, far below the code's 9 % gap.
+  """b2 = 0.999: each step moves v by 0.1 %, far below the code's 6-12 % gap.
 
   Nearest rounding would freeze v; stochastic rounding tracks 0.999^t.
   """
@@ -198,7 +205,7 @@ def test_update_is_bounded_against_float64_foam_by_the_code_error():
     err = np.abs(np.asarray(updates[k], np.float64) - want)
     assert (err <= bound * 1.001 + 1e-6).all(), (k, (err / bound).max())
     # The bound is not vacuous: the update is O(1) and errors are seen.
-    assert np.median(bound / np.maximum(np.abs(want), 1e-12)) < 0.3
+    assert np.median(bound / np.maximum(np.abs(want), 1e-12)) < 0.5
     assert err.max() > 0
 
 

@@ -65,11 +65,12 @@ __all__ = [
 BLOCK_SIZE = 256
 # Smallest block size init may fit to a shard before it refuses.
 MIN_BLOCK_SIZE = 16
-# Codes per octave: second moment (unsigned, 255 levels), first (signed, 127).
-RATE_NU = 8.0
-RATE_MU = 4.0
-_TOP_NU = 255.0
-_TOP_MU = 127.0
+# Mantissa bits kept: second moment (unsigned, codes 1..255), first (signed,
+# magnitudes 1..127). Both span 32 binades below the block maximum.
+MANT_NU = 3
+MANT_MU = 2
+_TOP_NU = 255
+_TOP_MU = 127
 
 
 def is_quantized_dtype(dtype: Any) -> bool:
@@ -213,8 +214,8 @@ def _unblocked(x: jax.Array, n: int) -> jax.Array:
   return x.reshape(x.shape[:-2] + (-1,))[..., :n]
 
 
-def _uniform(shape: tuple[int, ...], step: Any, salt: int) -> jax.Array:
-  """Uniform ``[0, 1)`` float32 noise from a hash of (index, step, salt).
+def _hash(shape: tuple[int, ...], step: Any, salt: int) -> jax.Array:
+  """Uniform ``uint32`` bits from a hash of (index, step, salt).
 
   murmur3's 32-bit finalizer over the flat index mixed with the step:
   elementwise integer ops, reproducible, no key to carry.
@@ -232,8 +233,46 @@ def _uniform(shape: tuple[int, ...], step: Any, salt: int) -> jax.Array:
   h = h * np.uint32(0x85EBCA6B)
   h = h ^ (h >> 13)
   h = h * np.uint32(0xC2B2AE35)
-  h = h ^ (h >> 16)
-  return (h >> 8).astype(jnp.float32) * np.float32(2.0**-24)
+  return h ^ (h >> 16)
+
+
+def _codes_of(ratio: jax.Array, u_bits: Any, u: Any, mant_bits: int,
+              top: int, zero_free: bool) -> jax.Array:
+  """Codes ``0..top`` of ``ratio`` in ``[0, 1]`` (float32), by bit arithmetic.
+
+  A code is float32's exponent and top ``mant_bits`` mantissa bits, offset
+  so that ``1.0`` is ``top``; rounding adds ``u_bits`` (uniform over the
+  dropped bits, or half their range for nearest) before truncating, which
+  is unbiased in value because the mantissa is linear within a binade.
+  Below code 1 (``code_value(1)``): stochastically 0 or 1 (``u``), or 1
+  when ``zero_free``; exact zeros stay 0.
+  """
+  shift = 23 - mant_bits
+  one = 127 << mant_bits                     # (bits of 1.0) >> shift
+  bits = jax.lax.bitcast_convert_type(ratio, jnp.uint32)
+  k = ((bits + u_bits) >> shift).astype(jnp.int32) - (one - top)
+  smallest = np.float32(_code_value(1, mant_bits, top))
+  if zero_free:
+    low = jnp.where(ratio > 0, 1, 0)
+  else:
+    low = (u * smallest < ratio).astype(jnp.int32)
+  return jnp.where(k >= 1, jnp.minimum(k, top), low)
+
+
+def _code_value(k, mant_bits: int, top: int):
+  """The ratio code ``k >= 1`` stands for (NumPy, float64)."""
+  kbits = np.asarray(k, np.int64) + ((127 << mant_bits) - top)
+  e = (kbits >> mant_bits) - 127
+  m = kbits & ((1 << mant_bits) - 1)
+  return 2.0 ** e * (1 + m / 2.0**mant_bits)
+
+
+def _ratio_of(k: jax.Array, mant_bits: int, top: int) -> jax.Array:
+  """The float32 ratio of codes ``k`` (``0`` for ``k == 0``), by bit shifts."""
+  shift = 23 - mant_bits
+  kbits = (k + ((127 << mant_bits) - top)).astype(jnp.uint32) << shift
+  ratio = jax.lax.bitcast_convert_type(kbits, jnp.float32)
+  return jnp.where(k == 0, 0.0, ratio)
 
 
 def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None
@@ -263,37 +302,27 @@ def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None
   n = x1.shape[-1]
   xb = _blocked(x1, block)                    # (.., nb, B)
   mag = jnp.abs(xb) if signed else jnp.maximum(xb, 0.0)
-  # NaN stays NaN in the max, so a NaN block is stored as NaN (visible).
   scale = jnp.max(mag, axis=-1, keepdims=True)
   tiny = np.float32(np.finfo(np.float32).tiny)
   big = np.float32(np.finfo(np.float32).max)
   scale = jnp.minimum(scale, big)
-  scale = jnp.where(scale < tiny, 0.0, scale)
-  mag = jnp.minimum(mag, scale)
-  rate, top = (RATE_MU, _TOP_MU) if signed else (RATE_NU, _TOP_NU)
-  safe = jnp.where(scale > 0, scale, 1.0)
-  ratio = mag / safe
-  level = top + rate * jnp.log2(jnp.maximum(ratio, np.float32(1e-38)))
-  f = jnp.floor(level)
-  under = f < 1.0                              # below the smallest code
-  lo = jnp.where(under, 0.0, jnp.exp2((f - top) / rate))
-  hi = jnp.where(under, np.float32(2.0 ** ((1.0 - top) / rate)),
-                 lo * np.float32(2.0 ** (1.0 / rate)))
-  base = jnp.where(under, 0.0, f)
-  p = (ratio - lo) / (hi - lo)
+  scale = jnp.where(scale < tiny, 0.0, scale)  # Zero and denormal blocks.
+  inv = jnp.where(scale > 0, 1.0 / jnp.where(scale > 0, scale, 1.0), 0.0)
+  ratio = jnp.minimum(mag * inv, 1.0)
+  mant_bits, top = (MANT_MU, _TOP_MU) if signed else (MANT_NU, _TOP_NU)
+  shift = 23 - mant_bits
   if step is None:
-    u = np.float32(0.5)
+    u_bits, u = np.uint32(1 << (shift - 1)), np.float32(0.5)
   else:
-    u = _blocked(_uniform(x1.shape, step, 0x1B873593 if signed else 0x27D4EB2F),
+    h = _blocked(_hash(x1.shape, step, 0x1B873593 if signed else 0x27D4EB2F),
                  block)
-  q = base + (u < p).astype(jnp.float32)
-  q = jnp.minimum(q, top)
-  if not signed:
-    q = jnp.where(ratio > 0, jnp.maximum(q, 1.0), 0.0)   # zero-free
-    codes = (q - 128.0).astype(jnp.int8)
+    u_bits = h >> (32 - shift)
+    u = (h >> 8).astype(jnp.float32) * np.float32(2.0**-24)
+  k = _codes_of(ratio, u_bits, u, mant_bits, top, zero_free=not signed)
+  if signed:
+    codes = jnp.where(xb < 0, -k, k).astype(jnp.int8)
   else:
-    q = jnp.where(ratio > 0, q, 0.0)
-    codes = (jnp.sign(xb) * q).astype(jnp.int8)
+    codes = (k - 128).astype(jnp.int8)
   codes = _unblocked(codes, n).reshape(shape)
   scales = scale[..., 0].reshape(_scales_shape(shape, block))
   return type(like)(codes, scales)
@@ -320,13 +349,11 @@ def dequantize(q: QuantizedMoment) -> jax.Array:
   block = q.block
   scales = q.scales.reshape(codes.shape[:-1] + (-1,))
   # Each scale broadcast over its block: a reshape, no gather.
-  cb = _blocked(codes.astype(jnp.float32), block)
+  cb = _blocked(codes.astype(jnp.int32), block)
   s = scales[..., None]
   if signed:
-    mag = jnp.abs(cb)
-    x = jnp.sign(cb) * s * jnp.exp2((mag - _TOP_MU) / RATE_MU)
-    x = jnp.where(mag == 0, 0.0, x)
+    x = _ratio_of(jnp.abs(cb), MANT_MU, int(_TOP_MU)) * s
+    x = jnp.where(cb < 0, -x, x)
   else:
-    k = cb + 128.0
-    x = jnp.where(k == 0, 0.0, s * jnp.exp2((k - _TOP_NU) / RATE_NU))
+    x = _ratio_of(cb + 128, MANT_NU, int(_TOP_NU)) * s
   return _unblocked(x, n).reshape(shape)
