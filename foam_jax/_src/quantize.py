@@ -8,30 +8,33 @@ shrunk to ``ceil(n / B)``). So codes and scales take the parameter's
 shards as long as each shard's slice of the last axis is a multiple of
 ``B`` (:func:`block_size` fits ``B`` to a known sharding).
 
-The code is logarithmic, with a scale per block :math:`s = \max_b |x|`:
+The code is a small float per block: with scale :math:`s = \max_b |x|`, an
+entry is stored as float32's exponent and its top mantissa bits of
+:math:`|x| / s \in [0, 1]`, offset so that :math:`1.0` is the top code:
 
 .. math::
 
-  \text{second moment } (x \ge 0):\ & q \in \{0, 1..255\},\quad
-    \hat x = s\, 2^{(q - 255) / r_v},\ r_v = 8 \\
-  \text{first moment:}\ & q \in \{-127..127\},\quad
-    \hat x = \operatorname{sign}(q)\, s\, 2^{(|q| - 127) / r_m},\ r_m = 4
+  \text{second moment } (x \ge 0):\ & q \in \{0, 1..255\},\
+    3 \text{ mantissa bits},\ \text{gap } 2^{-3} \\
+  \text{first moment:}\ & |q| \in \{0, 1..127\},\
+    2 \text{ mantissa bits},\ \text{gap } 2^{-2}
 
-with :math:`q = 0` meaning exactly zero. Neighbouring codes differ by the
-factor :math:`2^{1/r}` (9 % for the second moment, 19 % for the first), so
-the relative error of an entry does not depend on how far below its block's
-maximum it lies, down to :math:`2^{-254/8} \approx 3 \cdot 10^{-10}`
-(second moment) and :math:`2^{-126/4} \approx 3 \cdot 10^{-10}` (first) of
-it: second moments, which span many decades inside one block, keep their
-small entries, where a linear (absmax) code rounds them to zero and blows up
-:math:`1/\sqrt{v}`. The second moment's code is *zero-free*: a positive
-entry below the smallest code is stored as that code, never as zero.
+with :math:`q = 0` meaning exactly zero. Both span 32 binades below the
+block maximum (smallest codes :math:`\approx 3 \cdot 10^{-10}` of it), and
+neighbouring code values differ by at most the gap *relative to the entry*,
+however far below its block's maximum it lies: second moments, which span
+many decades inside one block, keep their small entries, where a linear
+(absmax) code rounds them to zero and blows up :math:`1/\sqrt{v}`. The
+second moment's code is *zero-free*: a positive entry below the smallest
+code is stored as that code, never as zero. Encoding and decoding are
+integer shifts and a bitcast: no logarithms or exponentials.
 
 Rounding is stochastic and unbiased in value: an entry between neighbouring
 code values :math:`a < x < b` is stored as :math:`b` with probability
-:math:`(x - a) / (b - a)`. Deterministic rounding would freeze an EMA whose
-per-step change (``1 - b2 = 0.1 %``) is smaller than half a code step. The
-random bits are a hash of the entry's index, the step count and a salt:
+:math:`(x - a) / (b - a)` (uniform bits added below the kept mantissa bits
+before truncation; the mantissa is linear within a binade). Deterministic
+rounding would freeze an EMA whose per-step change (``1 - b2 = 0.1 %``) is
+smaller than half a code step. The random bits are a hash of the entry's index, the step count and a salt:
 elementwise integer arithmetic that fuses with the update (no RNG state, no
 ``jax.random`` key).
 
