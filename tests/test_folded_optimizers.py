@@ -299,7 +299,7 @@ def test_bad_arguments_are_named():
   with pytest.raises(ValueError, match="preconditioning"):
     foam_jax.scale_by_folded_muon(preconditioning="nope")
   with pytest.raises(TypeError, match="mu_dtype"):
-    foam_jax.foam_muon(1e-3, mu_dtype=jnp.int8)
+    foam_jax.foam_muon(1e-3, mu_dtype=jnp.int32)  # int8 means quantized.
 
 
 def test_init_is_abstract_and_masked_nodes_pass():

@@ -44,15 +44,20 @@ OPTIMIZERS = {
     "foam_muon": (foam_jax.foam_muon, {"learning_rate": 1e-2}, ()),
     "foam_lion": (foam_jax.foam_lion,
                   {"learning_rate": 1e-2, "weight_decay": 1e-4}, ()),
+    # Blockwise-quantized 8-bit moments (foam_jax._src.quantize).
+    "foam_int8": (foam_jax.foam, {"learning_rate": LR, "mu_dtype": jnp.int8,
+                                  "nu_dtype": jnp.int8}, ()),
 }
 NAMES = list(OPTIMIZERS)
 # Optax's battery skips complex parameters for these (see the docstring).
-REAL_ONLY = ("foam_muon", "foam_lion")
+# int8 storage is for real parameters (complex ones get a TypeError).
+REAL_ONLY = ("foam_muon", "foam_lion", "foam_int8")
 
 
 def skip_complex(name, dtype):
   if name in REAL_ONLY and jnp.issubdtype(jnp.dtype(dtype), jnp.complexfloating):
-    pytest.skip(f"Optax's battery skips complex parameters for {name}'s base.")
+    pytest.skip(f"Optax's battery skips complex parameters for {name}'s base "
+                "(int8 storage: real parameters only).")
 
 
 def moment_states(state):
@@ -296,6 +301,11 @@ def test_state_is_stable_under_lax_cond(name, dtype):
       assert all(x.dtype == dtype for x in jax.tree.leaves(params))
       pick = jax.random.randint(jax.random.key(0), (), 0, 2) == 0
       state = jax.lax.cond(pick, lambda s=state: s, lambda s=new_state: s)
+    if name == "foam_int8":  # int8 codes and float32 scales, whatever params.
+      for moments in moment_states(state):
+        assert {x.dtype.name for x in jax.tree.leaves(moments)} == {
+            "int32", "int8", "float32"}
+      return
     # The second moment is real, in the real dtype of the params' precision.
     for moments in moment_states(state):
       if hasattr(moments, "nu"):
@@ -382,14 +392,27 @@ def test_weight_decay_schedule():
 
 
 @pytest.mark.parametrize(
-    "dtype", [jnp.int8, jnp.int32, jnp.uint8, jnp.bool_, "int8",
+    "dtype", [jnp.int32, jnp.uint8, jnp.bool_, "uint8", jnp.int16,
               jnp.float8_e4m3fn, jnp.float8_e5m2])
 @pytest.mark.parametrize("arg", ["mu_dtype", "nu_dtype"])
-def test_integer_and_8bit_storage_is_refused(arg, dtype):
+def test_integer_and_8bit_float_storage_other_than_int8_is_refused(arg, dtype):
   with pytest.raises(TypeError, match=arg):
     foam_jax.foam(1e-3, **{arg: dtype})
   with pytest.raises(TypeError, match=arg):
     foam_jax.scale_by_foam(**{arg: dtype})
+
+
+@pytest.mark.parametrize("dtype", [jnp.int8, "int8"])
+@pytest.mark.parametrize("arg", ["mu_dtype", "nu_dtype"])
+def test_int8_storage_is_accepted(arg, dtype):
+  foam_jax.foam(1e-3, **{arg: dtype})
+  foam_jax.scale_by_foam(**{arg: dtype})
+
+
+def test_int8_storage_of_complex_params_is_refused():
+  tx = foam_jax.foam(1e-3, mu_dtype=jnp.int8)
+  with pytest.raises(TypeError, match="int8"):
+    tx.init({"w": jnp.ones((4, 4), jnp.complex64)})
 
 
 def test_complex_second_moment_storage_is_refused():

@@ -70,7 +70,8 @@ def scale_by_folded_adam(
     b2: decay of the second moment.
     eps: added to the denominator.
     eps_root: added to the bias-corrected second moment inside the root.
-    mu_dtype: storage dtype of the first moments (default: the param's).
+    mu_dtype: storage dtype of the first moments (default: the param's);
+      ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits (codes plus one float32 scale per 256 entries, see :class:`foam_jax.QuantizedMoment`).
     nesterov: Nesterov momentum, as ``optax.scale_by_adam``.
     fold_level: level of the default policy; ``None`` is ``2``.
     alpha: scale of the folded leaves' updates.
@@ -114,7 +115,7 @@ def scale_by_folded_adam(
       if isinstance(p, optax.MaskedNode):
         return p, p
       return (moment.zeros(spec, p, mu_dtype or p.dtype),
-              moment.zeros(spec, p, moment.real_dtype(p.dtype)))
+              moment.zeros(spec, p, moment.real_dtype(p.dtype), second=True))
 
     mu, nu = moment.map_leaves(moments, specs, params, outputs=2)
     return ScaleByFoldedAdamState(
@@ -135,8 +136,10 @@ def scale_by_folded_adam(
       fg = moment.FoldedGradient(g.astype(compute), geom,
                                  residual_scale=residual_scale,
                                  count_dtype=real)
-      mu_new = moment.ema(mu, fg.mean, b1, compute, optax_order=True)
-      nu_new = moment.ema(nu, fg.mean_of_squares(), b2, real, optax_order=True)
+      mu_new = moment.ema(mu, fg.mean, b1, compute, optax_order=True,
+                          step=count)
+      nu_new = moment.ema(nu, fg.mean_of_squares(), b2, real, optax_order=True,
+                          step=count)
       m = fg.unblock(fg.read(mu_new.astype(compute)))
       v = fg.unblock(fg.read_energy(nu_new.astype(real)))
       return m, v, 1.0 if geom is None else alpha, mu_new, nu_new

@@ -20,6 +20,7 @@ from foam_jax._src import folding
 from foam_jax._src import lion
 from foam_jax._src import moment
 from foam_jax._src import muon
+from foam_jax._src import quantize
 from foam_jax._src import transform
 from foam_jax._src.specs import FoldSpec
 
@@ -83,6 +84,8 @@ def _full_size(params: Any, tree: Any, where: str) -> Any:
   def unfold_leaf(path, p, m):
     if _is_masked(m) or _is_masked(p):
       return m
+    if isinstance(m, quantize.QuantizedMoment):
+      m = quantize.dequantize(m)
     shape = tuple(p.shape)
     if tuple(m.shape) == shape:
       return m
@@ -118,8 +121,15 @@ def _first_present(params: Any, trees: list[Any]) -> Any:
   return jax.tree.map(pick, params, *trees, is_leaf=_is_masked)
 
 
-def _place_like(x: jax.Array, target: jax.Array) -> jax.Array:
-  """``x`` in ``target``'s dtype, and on its sharding when that is committed."""
+def _place_like(x: jax.Array, target: Any) -> Any:
+  """``x`` in ``target``'s dtype, and on its sharding when that is committed.
+
+  An int8 ``target`` (:class:`~foam_jax._src.quantize.QuantizedMoment`)
+  gets ``x`` quantized (rounded to nearest) with its block size and code.
+  """
+  if isinstance(target, quantize.QuantizedMoment):
+    q = quantize.quantize(jnp.real(jnp.asarray(x)), target)
+    return type(target)(*(_place_like(a, b) for a, b in zip(q, target)))
   if jnp.iscomplexobj(x) and not jnp.issubdtype(target.dtype,
                                                 jnp.complexfloating):
     x = jnp.real(x)
@@ -140,6 +150,9 @@ def convert_state(opt_state: optax.OptState,
   ``optax.partition``, ``optax.inject_hyperparams``, ...). Its state is
   filled from ``opt_state``:
 
+  * moments stored in 8 bits (``mu_dtype=jnp.int8``) on either side are
+    dequantized when read and quantized (to nearest) when written, so float
+    and int8 states convert both ways;
   * the moments come from every ``optax.ScaleByAdamState`` (``mu``, ``nu``),
     ``optax.contrib.MuonState`` and ``optax.ScaleByLionState`` (``mu``) in
     ``opt_state``, or from a foam_jax state at any level or fold (first
@@ -255,6 +268,8 @@ def convert_state(opt_state: optax.OptState,
 
   converted = jax.tree.map(convert_node, target, is_leaf=_is_folded)
   source_leaves = dict(jax.tree_util.tree_flatten_with_path(opt_state)[0])
+  # (Quantized moments' codes and scales are not counts: carry_count skips
+  # them by name and rank.)
 
   def carry_count(path, leaf):
     if _is_folded(leaf) or not path:

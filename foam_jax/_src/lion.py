@@ -66,7 +66,7 @@ def scale_by_folded_lion(
     b1: rate combining the momentum and the current gradient.
     b2: decay of the momentum.
     mu_dtype: storage dtype of the momentum (default: the param's); the
-      update reads it as stored.
+      update reads it as stored. ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits (codes plus one float32 scale per 256 entries, see :class:`foam_jax.QuantizedMoment`).
     mode: ``"hard"`` (sign), ``"smooth"`` (``tanh(smooth_beta * x)``) or
       ``"refined"`` (linear inside ``[-1, 1]``, sign outside).
     smooth_beta: the slope of ``"smooth"``.
@@ -137,7 +137,8 @@ def scale_by_folded_lion(
           residual_scale=residual_scale)
       # The read uses the momentum before this step's update, as Lion does.
       u = squash((1.0 - b1) * fg.blocks + b1 * fg.read(mu.astype(compute)))
-      mu_new = moment.ema(mu, fg.mean, b2, compute, optax_order=True)
+      mu_new = moment.ema(mu, fg.mean, b2, compute, optax_order=True,
+                          step=state.count)
       return fg.unblock(u).astype(g.dtype), mu_new
 
     updates, mu = moment.map_leaves(leaf_update, specs, updates, state.mu,
@@ -179,7 +180,8 @@ def foam_lion(
     learning_rate: a float or an Optax schedule.
     b1: rate combining the momentum and the current gradient.
     b2: decay of the momentum.
-    mu_dtype: storage dtype of the momentum (default: the param's).
+    mu_dtype: storage dtype of the momentum (default: the param's);
+      ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits (codes plus one float32 scale per 256 entries, see :class:`foam_jax.QuantizedMoment`).
     weight_decay: decoupled weight decay (``optax.lion``'s default ``1e-3``).
     mask: which leaves get weight decay, as in ``optax.lion``.
     fold_level: blocks hold ``2**fold_level`` entries; ``None`` is ``2``,

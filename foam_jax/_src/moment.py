@@ -38,6 +38,7 @@ import optax
 
 from foam_jax._src import folding
 from foam_jax._src import placement
+from foam_jax._src import quantize
 from foam_jax._src import specs as specs_lib
 
 __all__ = [
@@ -192,8 +193,9 @@ class FoldedGradient:
     return folding.from_blocks(x_blocks, self.geom.axis, self.length)
 
 
-def ema(moment: jax.Array, target: jax.Array, decay: Any,
-        compute_dtype=None, *, optax_order: bool = False) -> jax.Array:
+def ema(moment: jax.Array | quantize.QuantizedMoment, target: jax.Array,
+        decay: Any, compute_dtype=None, *, optax_order: bool = False,
+        step: Any = None) -> jax.Array | quantize.QuantizedMoment:
   """``decay * moment + (1 - decay) * target``, stored in ``moment``'s dtype.
 
   Args:
@@ -206,26 +208,40 @@ def ema(moment: jax.Array, target: jax.Array, decay: Any,
       ``jit`` XLA may contract one product into a fused multiply-add, so
       the operand order decides the last bit: the transforms that mirror an
       Optax optimizer use Optax's order to equal it bit for bit at level 0.
+    step: the step count; seeds the stochastic rounding of a moment stored
+      in 8 bits (:class:`~foam_jax._src.quantize.QuantizedMoment`), which is
+      dequantized, updated and requantized in one pass. Unused for floats.
 
   Returns:
-    The new moment, rounded to the storage dtype.
+    The new moment, rounded to the storage dtype (or requantized).
 
   Examples:
     >>> import jax.numpy as jnp
     >>> ema(jnp.zeros(2), jnp.array([1.0, 2.0]), 0.5)
     Array([0.5, 1. ], dtype=float32)
   """
-  m = moment if compute_dtype is None else moment.astype(compute_dtype)
+  if isinstance(moment, quantize.QuantizedMoment):
+    m = moment.astype(compute_dtype or jnp.float32)
+  else:
+    m = moment if compute_dtype is None else moment.astype(compute_dtype)
   if optax_order:
-    return ((1.0 - decay) * target + decay * m).astype(moment.dtype)
-  return (decay * m + (1.0 - decay) * target).astype(moment.dtype)
+    new = (1.0 - decay) * target + decay * m
+  else:
+    new = decay * m + (1.0 - decay) * target
+  if isinstance(moment, quantize.QuantizedMoment):
+    return quantize.quantize(new, moment, step)
+  return new.astype(moment.dtype)
 
 
-def zeros(spec: specs_lib.FoldSpec | None, param: Any, dtype) -> Any:
+def zeros(spec: specs_lib.FoldSpec | None, param: Any, dtype, *,
+          second: bool = False) -> Any:
   """A zero moment for ``param``: folded by ``spec``, placed like ``param``.
 
   ``spec=None`` gives the parameter's shape; an ``optax.MaskedNode`` passes
   through. Works on ``jax.ShapeDtypeStruct`` s under ``jax.eval_shape``.
+  ``dtype=int8`` gives blockwise 8-bit storage
+  (:class:`~foam_jax._src.quantize.QuantizedMoment`), with the code of a
+  second moment when ``second`` (else a first moment's, signed).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -237,6 +253,12 @@ def zeros(spec: specs_lib.FoldSpec | None, param: Any, dtype) -> Any:
   shape = tuple(param.shape)
   if spec is not None:
     shape = folding.folded_shape(shape, spec.axis, spec.level)
+  if quantize.is_quantized_dtype(dtype):
+    if jnp.issubdtype(param.dtype, jnp.complexfloating):
+      raise TypeError(
+          "int8 moment storage is for real parameters; got a "
+          f"{jnp.dtype(param.dtype).name} parameter of shape {tuple(param.shape)}.")
+    return quantize.zeros(shape, param, signed=not second)
   return placement.zeros_like_placed(shape, dtype or param.dtype, param)
 
 

@@ -126,7 +126,8 @@ def scale_by_folded_muon(
     ns_steps: number of Newton-Schulz iterations.
     beta: decay of the momentum.
     eps: added to the preconditioning's denominator.
-    mu_dtype: storage dtype of the momentum (default: the param's).
+    mu_dtype: storage dtype of the momentum (default: the param's);
+      ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits (codes plus one float32 scale per 256 entries, see :class:`foam_jax.QuantizedMoment`).
     nesterov: Nesterov momentum.
     adaptive: scale by the dual norm of the updates, as Optax's.
     preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` or
@@ -211,7 +212,8 @@ def scale_by_folded_muon(
       fg = moment.FoldedGradient(
           g.astype(compute), moment.geometry(spec, g.shape, mu.shape),
           residual_scale=residual_scale)
-      mu_new = moment.ema(mu, fg.mean, beta, compute, optax_order=True)
+      mu_new = moment.ema(mu, fg.mean, beta, compute, optax_order=True,
+                          step=count)
       return fg.unblock(fg.read(mu_new.astype(compute))), fg.unblock(
           fg.blocks), mu_new
 
@@ -303,7 +305,8 @@ def foam_muon(
     eps: Newton-Schulz's and AdamW's denominator term.
     weight_decay: Muon's weight decay.
     weight_decay_mask: which leaves get Muon's weight decay.
-    mu_dtype: storage dtype of the first moments.
+    mu_dtype: storage dtype of the first moments; ``jnp.int8`` stores them
+      blockwise-quantized in 8 bits (:class:`foam_jax.QuantizedMoment`).
     nesterov: Nesterov momentum (Muon's and AdamW's).
     adaptive: Optax's adaptive scaling.
     preconditioning: Optax's Newton-Schulz preconditioning.

@@ -33,6 +33,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
 from foam_jax._src import memory
+from foam_jax._src import quantize
 from foam_jax._src import specs as specs_lib
 
 __all__ = [
@@ -136,6 +137,11 @@ def _is_masked(x: Any) -> bool:
   return isinstance(x, optax.MaskedNode)
 
 
+def _is_param_leaf(x: Any) -> bool:
+  """A state leaf standing for one parameter: masked, or an int8 moment."""
+  return isinstance(x, (optax.MaskedNode, quantize.QuantizedMoment))
+
+
 def _mesh_axes_size(mesh, entry) -> int:
   if entry is None:
     return 1
@@ -154,6 +160,9 @@ def state_shardings(tx: optax.GradientTransformation, params: Any) -> Any:
   leaf inside such a copy gets its parameter's ``NamedSharding`` when it has
   the parameter's rank (FOAM's folded moments do), and is replicated
   otherwise; every other leaf (step counts, hyperparameters) is replicated.
+  A moment stored in 8 bits (``mu_dtype=jnp.int8``) is a pair of codes and
+  per-block scales, both of the parameter's rank: each takes the
+  parameter's sharding.
 
   Args:
     tx: the optimizer.
@@ -212,17 +221,30 @@ def state_shardings(tx: optax.GradientTransformation, params: Any) -> Any:
     if isinstance(x, jax.ShapeDtypeStruct) and params_def.num_nodes != 1:
       return False
     try:
-      return jax.tree.structure(x, is_leaf=_is_masked) == params_def
+      return jax.tree.structure(x, is_leaf=_is_param_leaf) == params_def
     except Exception:  # pylint: disable=broad-except
       return False
 
-  def for_leaf(path, sharding, param, leaf):
+  def for_leaf(path, sharding, param, leaf, part=None):
     if isinstance(leaf, optax.MaskedNode):
       return leaf
+    if isinstance(leaf, quantize.QuantizedMoment):
+      return type(leaf)(*(for_leaf(path, sharding, param, x, name)
+                          for name, x in zip(leaf._fields, leaf)))
     if len(leaf.shape) != len(param.shape):
       return replicated
     for dim, entry in zip(leaf.shape, tuple(sharding.spec)):
       parts = _mesh_axes_size(sharding.mesh, entry)
+      if dim % parts and part is not None:
+        raise ValueError(
+            f"The int8 optimizer state ({part}) for the parameter at "
+            f"{jax.tree_util.keystr(path)} has shape {tuple(leaf.shape)}, "
+            f"which its parameter's sharding {sharding.spec} (shape "
+            f"{tuple(param.shape)}) cannot split: its quantization block was "
+            "chosen without seeing the sharding (automatic mesh axes under "
+            "tracing), so a block would straddle two shards. Use explicit "
+            "mesh axes, init on the sharded params eagerly, or store this "
+            "moment in bfloat16.")
       if dim % parts:
         raise ValueError(
             f"The optimizer state leaf for the parameter at "
@@ -238,7 +260,7 @@ def state_shardings(tx: optax.GradientTransformation, params: Any) -> Any:
   def for_subtree(x):
     if is_params_copy(x):
       return jax.tree_util.tree_map_with_path(
-          for_leaf, param_shardings, abstract, x, is_leaf=_is_masked
+          for_leaf, param_shardings, abstract, x, is_leaf=_is_param_leaf
       )
     return jax.tree.map(lambda _: replicated, x)
 

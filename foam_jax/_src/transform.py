@@ -102,8 +102,11 @@ def scale_by_foam(
     mu_dtype: dtype to store the first moments in (default: the param's).
       Arithmetic is float32 or wider, and the update reads the new moments
       as stored (rounded), like the authors' in-place code. A floating or
-      complex dtype of 16 bits or more: integer and 8-bit storage would
-      truncate the moments and is refused.
+      complex dtype of 16 bits or more, or ``jnp.int8`` (or ``"int8"``):
+      blockwise-quantized 8-bit storage, int8 codes plus one float32 scale
+      per 256 entries of the last axis (:class:`foam_jax.QuantizedMoment`),
+      dequantized, updated and requantized in one pass. Other integer and
+      8-bit float dtypes are refused.
     fold_level: the level ``l`` of the default policy (blocks of ``2**l``
       entries) and of ``FoldSpec(level=None)`` entries; ``None`` is ``2``.
       ``0`` is plain Adam. A Python int: under ``optax.inject_hyperparams``
@@ -117,7 +120,8 @@ def scale_by_foam(
       callable ``params -> such a pytree``.
     second_moment: ``"mean_of_squares"`` or ``"square_of_mean"``.
     nu_dtype: dtype to store the second moments in (default: the real dtype
-      of the param's precision); a real floating dtype of 16 bits or more.
+      of the param's precision); a real floating dtype of 16 bits or more,
+      or ``jnp.int8`` (blockwise-quantized, as ``mu_dtype``).
     nesterov: use Nesterov momentum, as ``optax.scale_by_adam``.
 
   Returns:
@@ -164,7 +168,8 @@ def scale_by_foam(
       if isinstance(p, optax.MaskedNode):
         return p, p
       return (moment.zeros(spec, p, mu_dtype or p.dtype),
-              moment.zeros(spec, p, nu_dtype or moment.real_dtype(p.dtype)))
+              moment.zeros(spec, p, nu_dtype or moment.real_dtype(p.dtype),
+                           second=True))
 
     mu, nu = moment.map_leaves(moments, specs, params, outputs=2)
     return ScaleByFoamState(count=placement.count_zeros(params), mu=mu, nu=nu)
@@ -215,8 +220,8 @@ def scale_by_foam(
       # The update reads the moments as stored (rounded to mu_dtype/nu_dtype),
       # as the authors' in-place PyTorch code does: then XLA can overwrite
       # low-precision states in place instead of keeping float32 copies.
-      mu_new = moment.ema(mu, fg.mean, b1, compute)
-      nu_new = moment.ema(nu, g_sq_mean, b2, real)
+      mu_new = moment.ema(mu, fg.mean, b1, compute, step=count)
+      nu_new = moment.ema(nu, g_sq_mean, b2, real, step=count)
       u_blocks = direction(
           fg.read(mu_new.astype(compute)),
           fg.read_energy(nu_new.astype(real)),

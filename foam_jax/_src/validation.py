@@ -109,8 +109,10 @@ def storage_dtype(name: str, value: Any, *, real: bool = False) -> jnp.dtype | N
   """Checks a moment storage dtype (``mu_dtype``/``nu_dtype``); ``None`` passes.
 
   Moments need a floating dtype (or a complex one, unless ``real``) of at
-  least 16 bits: integer and bool storage truncates them, and 8-bit floats
-  underflow unscaled second moments, so training would silently stall.
+  least 16 bits, or ``int8``, which means blockwise-quantized 8-bit storage
+  (:mod:`foam_jax._src.quantize`). Other integer and bool storage would
+  truncate them, and unscaled 8-bit floats underflow second moments, so
+  training would silently stall.
 
   Raises:
     TypeError: ``value`` is not a dtype, or not one moments can be stored in.
@@ -121,17 +123,20 @@ def storage_dtype(name: str, value: Any, *, real: bool = False) -> jnp.dtype | N
     dtype = jnp.dtype(value)
   except TypeError:
     raise TypeError(f"{name} must be a dtype, got {value!r}.") from None
+  if dtype == jnp.int8:
+    return dtype  # Blockwise-quantized storage, see foam_jax._src.quantize.
   allowed = (jnp.floating,) if real else (jnp.floating, jnp.complexfloating)
   if not any(jnp.issubdtype(dtype, kind) for kind in allowed):
     what = "a real floating" if real else "a floating or complex"
     raise TypeError(
         f"{name}={dtype.name} is not supported: optimizer moments need {what} "
-        "dtype (bfloat16, float16, float32, float64); integer and bool storage "
-        "would truncate them."
+        "dtype (bfloat16, float16, float32, float64) or int8 (blockwise-quantized); "
+        "other integer and bool storage would truncate them."
     )
   if dtype.itemsize < 2:
     raise TypeError(
         f"{name}={dtype.name} is not supported: 8-bit float storage underflows "
-        "unscaled second moments; use bfloat16 or float32."
+        "unscaled second moments; use int8 (blockwise-quantized), bfloat16 or "
+        "float32."
     )
   return dtype

@@ -1,0 +1,362 @@
+r"""Blockwise 8-bit storage of optimizer moments (``mu_dtype=jnp.int8``).
+
+A moment stored in 8 bits is a :class:`QuantizedMoment`: ``int8`` codes of
+the moment's shape plus one ``float32`` scale per block of ``B`` adjacent
+entries along the *last* axis (the scales keep the moment's rank, that axis
+shrunk to ``ceil(n / B)``). So codes and scales take the parameter's
+``PartitionSpec`` like float moments do, and a block never straddles two
+shards as long as each shard's slice of the last axis is a multiple of
+``B`` (:func:`block_size` fits ``B`` to a known sharding).
+
+The code is a small float per block: with scale :math:`s = \max_b |x|`, an
+entry is stored as float32's exponent and its top mantissa bits of
+:math:`|x| / s \in [0, 1]`, offset so that :math:`1.0` is the top code:
+
+.. math::
+
+  \text{second moment } (x \ge 0):\ & q \in \{0, 1..255\},\
+    3 \text{ mantissa bits},\ \text{gap } 2^{-3} \\
+  \text{first moment:}\ & |q| \in \{0, 1..127\},\
+    2 \text{ mantissa bits},\ \text{gap } 2^{-2}
+
+with :math:`q = 0` meaning exactly zero. Both span 32 binades below the
+block maximum (smallest codes :math:`\approx 3 \cdot 10^{-10}` of it), and
+neighbouring code values differ by at most the gap *relative to the entry*,
+however far below its block's maximum it lies: second moments, which span
+many decades inside one block, keep their small entries, where a linear
+(absmax) code rounds them to zero and blows up :math:`1/\sqrt{v}`. The
+second moment's code is *zero-free*: a positive entry below the smallest
+code is stored as that code, never as zero. Encoding and decoding are
+integer shifts and a bitcast: no logarithms or exponentials.
+
+Rounding is stochastic and unbiased in value: an entry between neighbouring
+code values :math:`a < x < b` is stored as :math:`b` with probability
+:math:`(x - a) / (b - a)` (uniform bits added below the kept mantissa bits
+before truncation; the mantissa is linear within a binade). Deterministic
+rounding would freeze an EMA whose per-step change (``1 - b2 = 0.1 %``) is
+smaller than half a code step. The random bits are a hash of the entry's index, the step count and a salt:
+elementwise integer arithmetic that fuses with the update (no RNG state, no
+``jax.random`` key).
+
+Blocks whose maximum is not a normal float32 (zero, denormal) are stored as
+zero; an infinite maximum is clipped to the largest float32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from foam_jax._src import placement
+
+__all__ = [
+    "BLOCK_SIZE",
+    "QuantizedMoment",
+    "SignedQuantizedMoment",
+    "block_size",
+    "dequantize",
+    "is_quantized_dtype",
+    "quantize",
+    "zeros",
+]
+
+# Entries per scale along the last axis (bitsandbytes uses 256-2048).
+BLOCK_SIZE = 256
+# Smallest block size init may fit to a shard before it refuses.
+MIN_BLOCK_SIZE = 16
+# Mantissa bits kept: second moment (unsigned, codes 1..255), first (signed,
+# magnitudes 1..127). Both span 32 binades below the block maximum.
+MANT_NU = 3
+MANT_MU = 2
+_TOP_NU = 255
+_TOP_MU = 127
+
+
+def is_quantized_dtype(dtype: Any) -> bool:
+  """Whether ``dtype`` asks for blockwise 8-bit storage (``int8``)."""
+  return dtype is not None and jnp.dtype(dtype) == jnp.int8
+
+
+class QuantizedMoment(NamedTuple):
+  """A moment stored as ``int8`` codes and per-block ``float32`` scales.
+
+  Attributes:
+    codes: ``int8`` codes, the moment's shape.
+    scales: ``float32`` block maxima, the moment's rank with the last axis
+      shrunk to ``ceil(n / B)``.
+
+  This class holds a second moment (unsigned, zero-free code); its subclass
+  :class:`SignedQuantizedMoment` holds a first moment. The code is thus
+  static (the pytree node's type), and both are plain ``NamedTuple`` s to
+  ``jax.tree``, Orbax and ``optax.masked``.
+  """
+
+  codes: jax.Array
+  scales: jax.Array
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    """The moment's shape (the codes')."""
+    return tuple(self.codes.shape)
+
+  @property
+  def dtype(self) -> jnp.dtype:
+    """``int8``: what the moment is stored in."""
+    return jnp.dtype(jnp.int8)
+
+  @property
+  def block(self) -> int:
+    """Entries per scale along the last axis (see :func:`_block_of`)."""
+    return _block_of(self.shape, tuple(self.scales.shape))
+
+  def astype(self, dtype) -> jax.Array:
+    """The dequantized moment in ``dtype``.
+
+    So that transforms read a quantized moment as they read a float one
+    (``mu.astype(compute)``).
+    """
+    return dequantize(self).astype(dtype)
+
+
+class SignedQuantizedMoment(QuantizedMoment):
+  """A first moment (signed code) stored as :class:`QuantizedMoment`."""
+
+
+def _block_of(shape: tuple[int, ...], scales_shape: tuple[int, ...]) -> int:
+  """Recovers the block size from the codes' and scales' shapes.
+
+  The smallest power of two ``B`` with ``ceil(n / B)`` scales (unique but
+  when there is one scale, where every ``B >= n`` quantizes alike).
+  """
+  if len(shape) != len(scales_shape):
+    raise ValueError(
+        f"int8 moment: codes {shape} and scales {scales_shape} differ in rank.")
+  if not shape:
+    return 1
+  n, nb = shape[-1], scales_shape[-1]
+  for j in range(max(n, 1).bit_length() + 1):
+    if -(-n // 2**j) == nb:
+      return 2**j
+  raise ValueError(
+      f"int8 moment: {nb} scales do not fit a last axis of length {n}.")
+
+
+def block_size(param: Any, requested: int = BLOCK_SIZE) -> int:
+  """The block size for ``param``'s moment, fitted to its known sharding.
+
+  The largest power of two ``<= requested`` that divides each shard's slice
+  of the last axis, so that no block straddles two shards. Unsharded (or
+  unknown) placement gives ``requested``.
+
+  Raises:
+    ValueError: the last axis is sharded into slices that no power of two
+      ``>= MIN_BLOCK_SIZE`` divides (the scales would cost more than the
+      codes save).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> block_size(jax.ShapeDtypeStruct((8, 4096), jnp.float32))
+    256
+  """
+  shard = placement.shard_shape(param)
+  shape = tuple(param.shape)
+  if shard is None or not shape or shard[-1] == shape[-1]:
+    return requested
+  local = shard[-1]
+  block = requested
+  while block > 1 and local % block:
+    block //= 2
+  if block < MIN_BLOCK_SIZE:
+    raise ValueError(
+        f"int8 moment storage: the last axis (length {shape[-1]}) is sharded "
+        f"into slices of {local} entries, which no quantization block of "
+        f"{MIN_BLOCK_SIZE}..{requested} entries divides, so a block would "
+        "straddle two shards. Shard that axis into multiples of "
+        f"{MIN_BLOCK_SIZE}, or store this moment in bfloat16.")
+  return block
+
+
+def _scales_shape(shape: tuple[int, ...], block: int) -> tuple[int, ...]:
+  if not shape:
+    return ()
+  return shape[:-1] + (-(-shape[-1] // block),)
+
+
+def zeros(shape: tuple[int, ...], param: Any, *, signed: bool
+          ) -> QuantizedMoment:
+  """A zero quantized moment of ``shape``, placed like ``param``.
+
+  Args:
+    shape: the moment's shape.
+    param: the parameter (array or ``jax.ShapeDtypeStruct``) whose sharding
+      places the codes and scales and fits the block size; ``None``: none.
+    signed: the first moment's (signed) code, else the second moment's.
+  """
+  block = block_size(param) if param is not None else BLOCK_SIZE
+  codes = placement.zeros_like_placed(shape, jnp.int8, param)
+  scales = placement.zeros_like_placed(
+      _scales_shape(tuple(shape), block), jnp.float32, param)
+  return (SignedQuantizedMoment if signed else QuantizedMoment)(codes, scales)
+
+
+def _blocked(x: jax.Array, block: int) -> jax.Array:
+  """``x`` with its last axis padded and split into ``(nb, block)``."""
+  n = x.shape[-1]
+  nb = -(-n // block)
+  if nb * block != n:
+    pad = [(0, 0)] * (x.ndim - 1) + [(0, nb * block - n)]
+    x = jnp.pad(x, pad)
+  return x.reshape(x.shape[:-1] + (nb, block))
+
+
+def _unblocked(x: jax.Array, n: int) -> jax.Array:
+  return x.reshape(x.shape[:-2] + (-1,))[..., :n]
+
+
+def _hash(shape: tuple[int, ...], step: Any, salt: int) -> jax.Array:
+  """Uniform ``uint32`` bits from a hash of (index, step, salt).
+
+  murmur3's 32-bit finalizer over the flat index mixed with the step:
+  elementwise integer ops, reproducible, no key to carry.
+  """
+  idx = jnp.zeros(shape, jnp.uint32)
+  stride = 1
+  for d in reversed(range(len(shape))):
+    idx = idx + jax.lax.broadcasted_iota(jnp.uint32, shape, d) * np.uint32(
+        stride % 2**32)
+    stride *= shape[d]
+  step = jnp.asarray(step).astype(jnp.uint32)
+  h = idx * np.uint32(0x9E3779B1) + step * np.uint32(0x85EBCA77) + np.uint32(
+      salt)
+  h = h ^ (h >> 16)
+  h = h * np.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * np.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
+def _codes_of(ratio: jax.Array, u_bits: Any, u: Any, mant_bits: int,
+              top: int, zero_free: bool) -> jax.Array:
+  """Codes ``0..top`` of ``ratio`` in ``[0, 1]`` (float32), by bit arithmetic.
+
+  A code is float32's exponent and top ``mant_bits`` mantissa bits, offset
+  so that ``1.0`` is ``top``; rounding adds ``u_bits`` (uniform over the
+  dropped bits, or half their range for nearest) before truncating, which
+  is unbiased in value because the mantissa is linear within a binade.
+  Below code 1 (``code_value(1)``): stochastically 0 or 1 (``u``), or 1
+  when ``zero_free``; exact zeros stay 0.
+  """
+  shift = 23 - mant_bits
+  one = 127 << mant_bits                     # (bits of 1.0) >> shift
+  bits = jax.lax.bitcast_convert_type(ratio, jnp.uint32)
+  k = ((bits + u_bits) >> shift).astype(jnp.int32) - (one - top)
+  smallest = np.float32(_code_value(1, mant_bits, top))
+  if zero_free:
+    low = jnp.where(ratio > 0, 1, 0)
+  else:
+    low = (u * smallest < ratio).astype(jnp.int32)
+  return jnp.where(k >= 1, jnp.minimum(k, top), low)
+
+
+def _code_value(k, mant_bits: int, top: int):
+  """The ratio code ``k >= 1`` stands for (NumPy, float64)."""
+  kbits = np.asarray(k, np.int64) + ((127 << mant_bits) - top)
+  e = (kbits >> mant_bits) - 127
+  m = kbits & ((1 << mant_bits) - 1)
+  return 2.0 ** e * (1 + m / 2.0**mant_bits)
+
+
+def _ratio_of(k: jax.Array, mant_bits: int, top: int) -> jax.Array:
+  """The float32 ratio of codes ``k`` (``0`` for ``k == 0``), by bit shifts."""
+  shift = 23 - mant_bits
+  kbits = (k + ((127 << mant_bits) - top)).astype(jnp.uint32) << shift
+  ratio = jax.lax.bitcast_convert_type(kbits, jnp.float32)
+  return jnp.where(k == 0, 0.0, ratio)
+
+
+def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None
+             ) -> QuantizedMoment:
+  """Quantizes ``x`` with ``like``'s block size and code (signed or not).
+
+  Args:
+    x: the moment in float32 (any real float dtype), ``like``'s shape.
+    like: the stored moment this replaces: gives the block size and code.
+    step: the step count, seeding the stochastic rounding; ``None`` rounds
+      to the nearest code value (deterministic).
+
+  Returns:
+    The new :class:`QuantizedMoment`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> q = quantize(jnp.array([1.0, 0.5, 0.0]), zeros((3,), None, signed=False))
+    >>> q.codes.dtype, dequantize(q).tolist()
+    (dtype('int8'), [1.0, 0.5, 0.0])
+  """
+  signed = _is_signed(like)
+  block = like.block
+  shape = tuple(x.shape)
+  x = x.astype(jnp.float32)
+  x1 = x.reshape(shape or (1,))
+  n = x1.shape[-1]
+  xb = _blocked(x1, block)                    # (.., nb, B)
+  mag = jnp.abs(xb) if signed else jnp.maximum(xb, 0.0)
+  scale = jnp.max(mag, axis=-1, keepdims=True)
+  tiny = np.float32(np.finfo(np.float32).tiny)
+  big = np.float32(np.finfo(np.float32).max)
+  scale = jnp.minimum(scale, big)
+  scale = jnp.where(scale < tiny, 0.0, scale)  # Zero and denormal blocks.
+  inv = jnp.where(scale > 0, 1.0 / jnp.where(scale > 0, scale, 1.0), 0.0)
+  ratio = jnp.minimum(mag * inv, 1.0)
+  mant_bits, top = (MANT_MU, _TOP_MU) if signed else (MANT_NU, _TOP_NU)
+  shift = 23 - mant_bits
+  if step is None:
+    u_bits, u = np.uint32(1 << (shift - 1)), np.float32(0.5)
+  else:
+    h = _blocked(_hash(x1.shape, step, 0x1B873593 if signed else 0x27D4EB2F),
+                 block)
+    u_bits = h >> (32 - shift)
+    u = (h >> 8).astype(jnp.float32) * np.float32(2.0**-24)
+  k = _codes_of(ratio, u_bits, u, mant_bits, top, zero_free=not signed)
+  if signed:
+    codes = jnp.where(xb < 0, -k, k).astype(jnp.int8)
+  else:
+    codes = (k - 128).astype(jnp.int8)
+  codes = _unblocked(codes, n).reshape(shape)
+  scales = scale[..., 0].reshape(_scales_shape(shape, block))
+  return type(like)(codes, scales)
+
+
+def _is_signed(q: QuantizedMoment) -> bool:
+  """Whether ``q`` holds the signed (first-moment) code."""
+  return isinstance(q, SignedQuantizedMoment)
+
+
+def dequantize(q: QuantizedMoment) -> jax.Array:
+  """The float32 moment that ``q`` stores.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> q = quantize(jnp.array([-2.0, 0.5]), zeros((2,), None, signed=True))
+    >>> dequantize(q).tolist()
+    [-2.0, 0.5]
+  """
+  signed = _is_signed(q)
+  shape = q.shape
+  codes = q.codes.reshape(shape or (1,))
+  n = codes.shape[-1]
+  block = q.block
+  scales = q.scales.reshape(codes.shape[:-1] + (-1,))
+  # Each scale broadcast over its block: a reshape, no gather.
+  cb = _blocked(codes.astype(jnp.int32), block)
+  s = scales[..., None]
+  if signed:
+    x = _ratio_of(jnp.abs(cb), MANT_MU, int(_TOP_MU)) * s
+    x = jnp.where(cb < 0, -x, x)
+  else:
+    x = _ratio_of(cb + 128, MANT_NU, int(_TOP_NU)) * s
+  return _unblocked(x, n).reshape(shape)
