@@ -31,8 +31,10 @@ Muon's AdamW part (Optax's form, moments folded where the rule says)::
 from __future__ import annotations
 
 import numpy as np
-
-from reference import LeafRule, np_fold, np_unfold, wide
+from reference import LeafRule
+from reference import np_fold
+from reference import np_unfold
+from reference import wide
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 

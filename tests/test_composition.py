@@ -63,7 +63,7 @@ def test_schedule_scales_the_step():
     u_s, s_s = tx_s.update(grads, s_s, params)
     u_c, s_c = tx_c.update(grads, s_c, params)
     factor = float(sched(t))
-    chex.assert_trees_all_close(u_s, jax.tree.map(lambda u: factor * u, u_c),
+    chex.assert_trees_all_close(u_s, jax.tree.map(lambda u, f=factor: f * u, u_c),
                                 rtol=1e-6, atol=1e-7)
 
 
@@ -119,7 +119,8 @@ def test_masked_with_explicit_spec_tree():
 def test_partition_foam_and_sgd():
   params = _params()
   labels = {"dense": {"kernel": "foam", "bias": "sgd"}, "embed_tokens": "sgd"}
-  tx = optax.partition({"foam": foam_jax.foam(1e-2, weight_decay=0.0), "sgd": optax.sgd(1e-2)}, labels)
+  tx = optax.partition(
+      {"foam": foam_jax.foam(1e-2, weight_decay=0.0), "sgd": optax.sgd(1e-2)}, labels)
   state = tx.init(params)
   grads = _grads(params)
   updates, state = jax.jit(tx.update)(grads, state, params)

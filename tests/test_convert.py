@@ -7,9 +7,10 @@ import optax
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from reference import np_fold
+from reference import np_unfold
 
 import foam_jax
-from reference import np_fold, np_unfold
 
 SHAPES = {
     "divisible": (16, 6),

@@ -5,16 +5,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import reference
 from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from optax.contrib import MuonDimensionNumbers
+from reference import LeafRule
+from reference_folded import NumpyFoldedLion
+from reference_folded import NumpyFoldedMuon
 
 import foam_jax
-from foam_jax._src.hlo import COLLECTIVES, count_collectives
-import reference
-from reference import LeafRule
-from reference_folded import NumpyFoldedLion, NumpyFoldedMuon
+from foam_jax._src.hlo import COLLECTIVES
+from foam_jax._src.hlo import count_collectives
 
 # Divisible, non-divisible, 3-D (scan-stacked) and 1-D leaves, plus the
 # leaves FOAM's policy leaves alone.

@@ -7,9 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from reference import np_fold
+from reference import np_unfold
 
 from foam_jax._src import folding
-from reference import np_fold, np_unfold
 
 SETTINGS = hypothesis.settings(max_examples=30, deadline=None, derandomize=True)
 

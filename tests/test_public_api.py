@@ -44,4 +44,4 @@ def test_deprecated_aliases_are_the_real_objects():
 
 def test_unknown_names_raise_attribute_error():
   with pytest.raises(AttributeError, match="no attribute 'adamw'"):
-    foam_jax.adamw  # pylint: disable=pointless-statement
+    _ = foam_jax.adamw

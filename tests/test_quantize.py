@@ -18,13 +18,14 @@ from flax import nnx
 from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from reference import LeafRule
+from reference import np_unfold
+from reference import NumpyFoam
 
 import foam_jax
 from foam_jax._src import quantize
-from foam_jax._src.hlo import COLLECTIVES, count_collectives
-
-from reference import LeafRule, NumpyFoam, np_unfold
-
+from foam_jax._src.hlo import COLLECTIVES
+from foam_jax._src.hlo import count_collectives
 
 
 def _np_code_values(scale, signed):
@@ -229,7 +230,7 @@ def test_huge_and_tiny_gradients_give_finite_updates():
   params = {"w": jnp.ones((8, 256)), "b": jnp.ones((256,))}
   state = tx.init(params)
   for value in (1e30, 1e-40, 0.0, 1e-20):
-    g = jax.tree.map(lambda p: jnp.full(p.shape, value, jnp.float32), params)
+    g = jax.tree.map(lambda p, v=value: jnp.full(p.shape, v, jnp.float32), params)
     updates, state = tx.update(g, state, params)
     for leaf in jax.tree.leaves((updates, state)):
       assert np.isfinite(np.asarray(leaf, np.float64)).all(), value

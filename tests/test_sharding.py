@@ -28,8 +28,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import foam_jax
-from foam_jax import sharding as sharding_lib
-from foam_jax._src.hlo import COLLECTIVES, count_collectives
+from foam_jax._src.hlo import COLLECTIVES
+from foam_jax._src.hlo import count_collectives
 
 B1, B2, EPS, LR = 0.9, 0.999, 1e-8, 1e-2
 
@@ -381,8 +381,8 @@ def test_nnx_optimizer_state_carries_param_sharding_metadata(axis_type, under_ji
     kernel = state["opt_state"][0][moments]["up"]["kernel"]
     assert kernel[...].shape == (8, 64)  # Folded 4x along the input axis.
     assert kernel[...].sharding.spec == P("data", "model")
-    spec_of = lambda *keys: jax.tree.leaves(  # pylint: disable=g-long-lambda
-        specs["opt_state"][0][moments][keys[0]][keys[1]]
+    spec_of = lambda *keys, m=moments: jax.tree.leaves(  # pylint: disable=g-long-lambda
+        specs["opt_state"][0][m][keys[0]][keys[1]]
     )[0]
     assert spec_of("up", "kernel") == P("data", "model")
     assert spec_of("up", "bias") == P("model")

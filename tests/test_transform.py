@@ -6,11 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import reference
+from reference import LeafRule
+from reference import NumpyFoam
 
 import foam_jax
 from foam_jax import FoldSpec
-import reference
-from reference import LeafRule, NumpyFoam
 
 # A pytree with every kind of leaf the default policy meets.
 SHAPES = {
@@ -196,7 +197,8 @@ def test_updates_come_back_in_grad_dtype_and_states_in_given_dtype():
 def test_low_precision_states_track_float32_states():
   rng = np.random.default_rng(3)
   params = {"w": jnp.asarray(rng.standard_normal((16, 8)), jnp.float32)}
-  full, low = foam_jax.foam(1e-2, weight_decay=0.0), foam_jax.foam(1e-2, mu_dtype=jnp.bfloat16, weight_decay=0.0)
+  full = foam_jax.foam(1e-2, weight_decay=0.0)
+  low = foam_jax.foam(1e-2, mu_dtype=jnp.bfloat16, weight_decay=0.0)
   sf, sl = full.init(params), low.init(params)
   for _ in range(10):
     g = {"w": jnp.asarray(rng.standard_normal((16, 8)), jnp.float32)}

@@ -8,7 +8,8 @@ each moment as ``optax.scale_by_adam`` does.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -71,7 +72,9 @@ def scale_by_folded_adam(
     eps: added to the denominator.
     eps_root: added to the bias-corrected second moment inside the root.
     mu_dtype: storage dtype of the first moments (default: the param's);
-      ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits (codes plus one float32 scale per 256 entries, see :class:`foam_jax.QuantizedMoment`).
+      ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits
+      (codes plus one float32 scale per 256 entries, see
+      :class:`foam_jax.QuantizedMoment`).
     nesterov: Nesterov momentum, as ``optax.scale_by_adam``.
     fold_level: level of the default policy; ``None`` is ``2``.
     alpha: scale of the folded leaves' updates.

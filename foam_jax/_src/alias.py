@@ -9,10 +9,10 @@ from typing import Any
 
 import optax
 
-from foam_jax._src import validation as _validation
 from foam_jax._src import folding
 from foam_jax._src import specs as specs_lib
 from foam_jax._src import transform
+from foam_jax._src import validation as _validation
 
 __all__ = ["foam", "foam_mini", "paper_schedule"]
 
@@ -67,7 +67,9 @@ def foam(
       :func:`scale_by_foam`).
     eps_root: added to the second moment inside the square root, ``>= 0``.
     mu_dtype: storage dtype of the first moments (default: the param's);
-      ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits (codes plus one float32 scale per 256 entries, see :class:`foam_jax.QuantizedMoment`).
+      ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits
+      (codes plus one float32 scale per 256 entries, see
+      :class:`foam_jax.QuantizedMoment`).
     weight_decay: decoupled weight decay ``lambda >= 0`` (AdamW's), a float
       or an Optax schedule.
     mask: which leaves get weight decay (a pytree of bools or a callable),
@@ -82,7 +84,9 @@ def foam(
     second_moment: ``"mean_of_squares"`` (authors' code) or
       ``"square_of_mean"`` (paper's text).
     nu_dtype: storage dtype of the second moments (default: the real dtype
-      of the param's precision); ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits (codes plus one float32 scale per 256 entries, see :class:`foam_jax.QuantizedMoment`).
+      of the param's precision); ``jnp.int8`` (or ``"int8"``) stores it
+      blockwise-quantized in 8 bits (codes plus one float32 scale per 256
+      entries, see :class:`foam_jax.QuantizedMoment`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``.

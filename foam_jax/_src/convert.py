@@ -170,7 +170,8 @@ def convert_state(opt_state: optax.OptState,
 
   The result has exactly the tree, shapes, dtypes and shardings of
   ``tx.init(params)``, which it calls for that template (so it runs eagerly,
-  on concrete params, and briefly holds the template as well). To halve a running AdamW job's memory: ``state =
+  on concrete params, and briefly holds the template as well). To halve a
+  running AdamW job's memory: ``state =
   convert_state(state, foam_jax.foam(lr), params)``, then keep training with
   ``foam``.
 

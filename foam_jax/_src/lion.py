@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple
+from typing import Any
+from typing import Literal
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -66,7 +68,9 @@ def scale_by_folded_lion(
     b1: rate combining the momentum and the current gradient.
     b2: decay of the momentum.
     mu_dtype: storage dtype of the momentum (default: the param's); the
-      update reads it as stored. ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits (codes plus one float32 scale per 256 entries, see :class:`foam_jax.QuantizedMoment`).
+      update reads it as stored. ``jnp.int8`` (or ``"int8"``) stores it
+      blockwise-quantized in 8 bits (codes plus one float32 scale per 256
+      entries, see :class:`foam_jax.QuantizedMoment`).
     mode: ``"hard"`` (sign), ``"smooth"`` (``tanh(smooth_beta * x)``) or
       ``"refined"`` (linear inside ``[-1, 1]``, sign outside).
     smooth_beta: the slope of ``"smooth"``.
@@ -181,7 +185,9 @@ def foam_lion(
     b1: rate combining the momentum and the current gradient.
     b2: decay of the momentum.
     mu_dtype: storage dtype of the momentum (default: the param's);
-      ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits (codes plus one float32 scale per 256 entries, see :class:`foam_jax.QuantizedMoment`).
+      ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits
+      (codes plus one float32 scale per 256 entries, see
+      :class:`foam_jax.QuantizedMoment`).
     weight_decay: decoupled weight decay (``optax.lion``'s default ``1e-3``).
     mask: which leaves get weight decay, as in ``optax.lion``.
     fold_level: blocks hold ``2**fold_level`` entries; ``None`` is ``2``,

@@ -30,7 +30,8 @@ was folded.
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp

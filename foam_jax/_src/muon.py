@@ -10,7 +10,9 @@ state is folded. The orthogonalization and the shape scaling are Optax's own
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple
+from typing import Any
+from typing import Literal
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -127,7 +129,9 @@ def scale_by_folded_muon(
     beta: decay of the momentum.
     eps: added to the preconditioning's denominator.
     mu_dtype: storage dtype of the momentum (default: the param's);
-      ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits (codes plus one float32 scale per 256 entries, see :class:`foam_jax.QuantizedMoment`).
+      ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits
+      (codes plus one float32 scale per 256 entries, see
+      :class:`foam_jax.QuantizedMoment`).
     nesterov: Nesterov momentum.
     adaptive: scale by the dual norm of the updates, as Optax's.
     preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` or

@@ -34,7 +34,8 @@ code values :math:`a < x < b` is stored as :math:`b` with probability
 :math:`(x - a) / (b - a)` (uniform bits added below the kept mantissa bits
 before truncation; the mantissa is linear within a binade). Deterministic
 rounding would freeze an EMA whose per-step change (``1 - b2 = 0.1 %``) is
-smaller than half a code step. The random bits are a hash of the entry's index, the step count and a salt:
+smaller than half a code step. The random bits are a hash of the entry's
+index, the step count and a salt:
 elementwise integer arithmetic that fuses with the update (no RNG state, no
 ``jax.random`` key).
 
@@ -44,8 +45,8 @@ zero; an infinite maximum is clipped to the largest float32.
 
 from __future__ import annotations
 
-import math
-from typing import Any, NamedTuple
+from typing import Any
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp

@@ -25,7 +25,8 @@ Typical use (MaxText-style sharded-state setup in one line)::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any
+from typing import NamedTuple
 
 import jax
 import optax

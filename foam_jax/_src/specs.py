@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any
 
 import jax
 import optax
@@ -87,7 +87,7 @@ class FoldSpec:
 
 
 FoldSpecTree = Any  # A pytree of `FoldSpec | None` shaped like the params.
-FoldSpecLike = Union[None, FoldSpecTree, Callable[[Any], FoldSpecTree]]
+FoldSpecLike = None | FoldSpecTree | Callable[[Any], FoldSpecTree]
 
 
 def is_spec_leaf(x: Any) -> bool:

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import Any
+from typing import Literal
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from foam_jax._src import validation as _validation
 from foam_jax._src import folding
 from foam_jax._src import moment
 from foam_jax._src import placement
 from foam_jax._src import specs as specs_lib
+from foam_jax._src import validation as _validation
 
 __all__ = ["ScaleByFoamState", "scale_by_foam"]
 
