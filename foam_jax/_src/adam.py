@@ -22,7 +22,6 @@ from foam_jax._src import validation as _validation
 
 __all__ = ["ScaleByFoldedAdamState", "scale_by_folded_adam"]
 
-DEFAULT_FOLD_LEVEL = 2
 
 
 class ScaleByFoldedAdamState(NamedTuple):
@@ -98,17 +97,9 @@ def scale_by_folded_adam(
     Wen et al., `FOAM: Blocked State Folding for Memory-Efficient LLM
     Training <https://arxiv.org/abs/2512.07112>`_, 2025.
   """
-  _validation.check_number("b1", b1, low=0.0, high=1.0, high_inclusive=False)
-  _validation.check_number("b2", b2, low=0.0, high=1.0, high_inclusive=False)
-  _validation.check_number("eps", eps, low=0.0)
-  _validation.check_number("eps_root", eps_root, low=0.0)
-  if fold_level is None:
-    fold_level = DEFAULT_FOLD_LEVEL
-  _validation.check_level("fold_level", fold_level)
-  _validation.check_number("alpha", alpha, low=0.0)
-  _validation.check_number("residual_scale", residual_scale, low=0.0)
-  b1, b2, eps, eps_root, alpha, residual_scale = map(
-      _validation.real_part, (b1, b2, eps, eps_root, alpha, residual_scale))
+  b1, b2, eps, eps_root, alpha, residual_scale = _validation.adam_hyperparameters(
+      b1, b2, eps, eps_root, alpha, residual_scale)
+  fold_level = _validation.fold_level_or_default(fold_level)
   mu_dtype = _validation.storage_dtype("mu_dtype", mu_dtype)
 
   def init_fn(params):

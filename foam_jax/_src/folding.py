@@ -59,6 +59,9 @@ __all__ = [
 # A level whose block covers any axis: FOAM-Mini folds each axis into one block.
 WHOLE_AXIS_LEVEL = 62
 
+# The level of `fold_level=None`: blocks of 4 entries, the paper's l = 2.
+DEFAULT_FOLD_LEVEL = 2
+
 
 def block_size(length: int, level: int) -> int:
   """Returns the effective block size for an axis of ``length`` at ``level``.

@@ -18,8 +18,6 @@ from foam_jax._src import validation as _validation
 
 __all__ = ["ScaleByFoldedLionState", "scale_by_folded_lion", "foam_lion"]
 
-# The fold level of `fold_level=None`: blocks of 4 entries, as FOAM's.
-DEFAULT_FOLD_LEVEL = 2
 _MODES = ("hard", "smooth", "refined")
 
 
@@ -107,9 +105,7 @@ def scale_by_folded_lion(
   if mode not in _MODES:
     raise ValueError(f"mode must be one of {_MODES}, got {mode!r}.")
   _validation.check_number("smooth_beta", smooth_beta)
-  if fold_level is None:
-    fold_level = DEFAULT_FOLD_LEVEL
-  _validation.check_level("fold_level", fold_level)
+  fold_level = _validation.fold_level_or_default(fold_level)
   _validation.check_number("residual_scale", residual_scale, low=0.0)
   b1, b2, residual_scale = map(_validation.real_part, (b1, b2, residual_scale))
   mu_dtype = _validation.storage_dtype("mu_dtype", mu_dtype)

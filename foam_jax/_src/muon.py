@@ -33,7 +33,6 @@ __all__ = [
     "matrix_dimension_numbers",
 ]
 
-DEFAULT_FOLD_LEVEL = 2
 DEFAULT_NS_COEFFS = optax_muon._DEFAULT_NS_COEFFS  # pylint: disable=protected-access
 _PRESETS = optax_muon._NS_COEFFS_PRESET_DICT  # pylint: disable=protected-access
 
@@ -165,9 +164,7 @@ def scale_by_folded_muon(
   """
   _validation.check_number("beta", beta, low=0.0, high=1.0)
   _validation.check_number("eps", eps, low=0.0)
-  if fold_level is None:
-    fold_level = DEFAULT_FOLD_LEVEL
-  _validation.check_level("fold_level", fold_level)
+  fold_level = _validation.fold_level_or_default(fold_level)
   _validation.check_number("residual_scale", residual_scale, low=0.0)
   if preconditioning not in optax_muon._PRECONDITIONINGS:  # pylint: disable=protected-access
     raise ValueError(

@@ -21,8 +21,6 @@ __all__ = ["ScaleByFoamState", "scale_by_foam"]
 SecondMoment = Literal["mean_of_squares", "square_of_mean"]
 _SECOND_MOMENTS = ("mean_of_squares", "square_of_mean")
 
-# The fold level of `fold_level=None`: blocks of 4 entries, the paper's l = 2.
-DEFAULT_FOLD_LEVEL = 2
 
 
 class ScaleByFoamState(NamedTuple):
@@ -145,21 +143,13 @@ def scale_by_foam(
     Wen et al., `FOAM: Blocked State Folding for Memory-Efficient LLM
     Training <https://arxiv.org/abs/2512.07112>`_, 2025.
   """
-  _validation.check_number("b1", b1, low=0.0, high=1.0, high_inclusive=False)
-  _validation.check_number("b2", b2, low=0.0, high=1.0, high_inclusive=False)
-  _validation.check_number("eps", eps, low=0.0)
-  _validation.check_number("eps_root", eps_root, low=0.0)
-  if fold_level is None:
-    fold_level = DEFAULT_FOLD_LEVEL
-  _validation.check_level("fold_level", fold_level)
-  _validation.check_number("alpha", alpha, low=0.0)
-  _validation.check_number("residual_scale", residual_scale, low=0.0)
+  b1, b2, eps, eps_root, alpha, residual_scale = _validation.adam_hyperparameters(
+      b1, b2, eps, eps_root, alpha, residual_scale)
+  fold_level = _validation.fold_level_or_default(fold_level)
   if second_moment not in _SECOND_MOMENTS:
     raise ValueError(
         f"second_moment must be one of {_SECOND_MOMENTS}, got {second_moment!r}."
     )
-  b1, b2, eps, eps_root, alpha, residual_scale = map(
-      _validation.real_part, (b1, b2, eps, eps_root, alpha, residual_scale))
   mu_dtype = _validation.storage_dtype("mu_dtype", mu_dtype)
   nu_dtype = _validation.storage_dtype("nu_dtype", nu_dtype, real=True)
 

@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from foam_jax._src import folding
+
 
 def concrete_number(value: Any) -> float | None:
   """The value as a float when it is a known scalar, else ``None``.
@@ -140,3 +142,27 @@ def storage_dtype(name: str, value: Any, *, real: bool = False) -> jnp.dtype | N
         "float32."
     )
   return dtype
+
+
+def fold_level_or_default(value: Any) -> int:
+  """``value`` checked as a fold level; ``None`` is the default level 2."""
+  if value is None:
+    return folding.DEFAULT_FOLD_LEVEL
+  check_level("fold_level", value)
+  return value
+
+
+def adam_hyperparameters(b1, b2, eps, eps_root, alpha, residual_scale) -> tuple:
+  """Checks a folded Adam's hyperparameters; returns them with real parts.
+
+  Raises:
+    ValueError: ``b1``/``b2`` outside ``[0, 1)``; a negative ``eps``,
+      ``eps_root``, ``alpha`` or ``residual_scale``.
+  """
+  check_number("b1", b1, low=0.0, high=1.0, high_inclusive=False)
+  check_number("b2", b2, low=0.0, high=1.0, high_inclusive=False)
+  check_number("eps", eps, low=0.0)
+  check_number("eps_root", eps_root, low=0.0)
+  check_number("alpha", alpha, low=0.0)
+  check_number("residual_scale", residual_scale, low=0.0)
+  return tuple(map(real_part, (b1, b2, eps, eps_root, alpha, residual_scale)))
