@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import test_folded_optimizers
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from reference import np_fold
@@ -12,13 +13,7 @@ from reference import np_unfold
 
 import foam_jax
 
-SHAPES = {
-    "divisible": (16, 6),
-    "nondivisible": (10, 5),
-    "stacked": (3, 12, 4),
-    "bias": (7,),
-    "embed_tokens": (20, 8),
-}
+SHAPES = test_folded_optimizers.SHAPES
 FOLDED = ("divisible", "nondivisible", "stacked")  # FOAM's default policy.
 
 

@@ -143,13 +143,7 @@ def scale_by_folded_adam(
     # From here on, Optax's scale_by_adam on the read-back moments, tree by
     # tree as Optax does it (so that level 0 is Optax's to the last bit).
     g = jax.tree.map(lambda x, y: x.astype(y.dtype), updates, m)
-    if nesterov:
-      m_hat = jax.tree.map(
-          lambda m, g: b1 * m + (1 - b1) * g,
-          optax.tree.bias_correction(m, b1, optax.safe_increment(count)),
-          optax.tree.bias_correction(g, b1, count))
-    else:
-      m_hat = optax.tree.bias_correction(m, b1, count)
+    m_hat = moment.first_moment_hat(m, g, b1, count, nesterov)
     v_hat = optax.tree.bias_correction(v, b2, count)
     updates = jax.tree.map(
         lambda m, v, a, g: (a * (m / (jnp.sqrt(v + eps_root) + eps))

@@ -50,6 +50,7 @@ __all__ = [
     "ema",
     "map_leaves",
     "real_dtype",
+    "first_moment_hat",
 ]
 
 
@@ -276,3 +277,27 @@ def map_leaves(fn, specs, *trees, outputs: int) -> tuple[Any, ...]:
                    is_leaf=specs_lib.is_spec_leaf)
       for i in range(outputs)
   )
+
+
+def first_moment_hat(m: Any, g: Any, decay: Any, count: jax.Array,
+                     nesterov: bool) -> Any:
+  """Bias-corrected first moment (trees), as ``optax.scale_by_adam`` forms it.
+
+  ``m / (1 - decay^t)``, or with Nesterov
+  ``decay m / (1 - decay^(t+1)) + (1 - decay) g / (1 - decay^t)``, tree by
+  tree in Optax's operation order, so a level-0 fold equals Optax's Adam and
+  Muon to the last bit.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> m_hat = first_moment_hat(jnp.array([0.1]), jnp.array([1.0]), 0.9,
+    ...                          jnp.array(1), False)
+    >>> round(float(m_hat[0]), 5)  # 0.1 / (1 - 0.9)
+    1.0
+  """
+  if not nesterov:
+    return optax.tree.bias_correction(m, decay, count)
+  return jax.tree.map(
+      lambda m, g: decay * m + (1 - decay) * g,
+      optax.tree.bias_correction(m, decay, optax.safe_increment(count)),
+      optax.tree.bias_correction(g, decay, count))

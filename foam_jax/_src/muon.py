@@ -221,13 +221,7 @@ def scale_by_folded_muon(
     m, g, mu = moment.map_leaves(read, specs, updates, state.mu, outputs=3)
     # From here on, Optax's scale_by_muon on the read-back momentum, tree by
     # tree as Optax does it (so that level 0 is Optax's to the last bit).
-    if nesterov:
-      m_hat = jax.tree.map(
-          lambda m, g: beta * m + (1 - beta) * g,
-          optax.tree.bias_correction(m, beta, optax.safe_increment(count)),
-          optax.tree.bias_correction(g, beta, count))
-    else:
-      m_hat = optax.tree.bias_correction(m, beta, count)
+    m_hat = moment.first_moment_hat(m, g, beta, count, nesterov)
     new_updates = jax.tree.map(
         lambda x, dim_num: optax_muon.orthogonalize_via_newton_schulz(
             x, state.ns_coeffs, ns_steps, preconditioning, eps,
