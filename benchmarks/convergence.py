@@ -53,10 +53,12 @@ VAL_FRACTION = 0.1
 # 0.95, no weight decay; FOAM level 2, alpha 0.25; GaLore rank hidden/4,
 # scale 0.25, projection refreshed every quarter of the run):
 # Lion and Muon keep Optax's defaults (Lion's weight decay 1e-3; Muon's Adam
-# at the same lr, b2 0.999).
+# at the same lr, b2 0.999), and so do their folded versions.
 SETTINGS: dict[str, dict[str, Any]] = {
     "lion": {"weight_decay": 1e-3},
     "muon": {"b2": 0.999, "adam_lr_ratio": 1.0},
+    "foam_lion": {"weight_decay": 1e-3},
+    "foam_muon": {"b2": 0.999, "adam_lr_ratio": 1.0},
 }
 
 

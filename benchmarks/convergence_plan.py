@@ -169,10 +169,10 @@ FULL_PLAN = {
     "suites": [
         ("20m", ["shakespeare", "builtin"],
          ("adamw", "foam", "foam_mini", "lion", "adafactor", "muon",
-          "galore")),
+          "galore", "foam_muon", "foam_lion", "foam_int8")),
         ("tiny", ["shakespeare", "builtin"],
          ("adamw", "foam", "foam_mini", "lion", "adafactor", "muon",
-          "galore")),
+          "galore", "foam_muon", "foam_lion", "foam_int8")),
     ],
     "shape": {"tiny": {"steps": 200, "batch": 8, "seq_len": 128},
               "20m": {"steps": 200, "batch": 8, "seq_len": 128}},

@@ -188,6 +188,7 @@ _BUILDERS: dict[str, Callable[..., optax.GradientTransformation]] = {
     **{f"foam_l{n}_ax1": functools.partial(_foam, fold_level=n, fold_axis=-1)
        for n in (1, 2, 3, 4)},
     "foam_mini": _foam_mini,
+    "foam_int8": functools.partial(_foam, mu_dtype="int8", nu_dtype="int8"),
     "adamw": _adamw,
     "adafactor": _adafactor,
     "lion": _lion,
