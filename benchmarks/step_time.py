@@ -1,9 +1,10 @@
 """Optimizer step time: FOAM vs the optimizers users would pick instead.
 
 Times the optimizer step alone (``tx.update`` + ``optax.apply_updates``,
-jitted, params and state donated) on LLaMA-shaped pytrees from ~1M to ~100M
+jitted, params and state donated) on LLaMA-shaped pytrees from ~10M to ~100M
 parameters, float32 and bfloat16, for AdamW, Adafactor, Lion, Muon, GaLore,
-FOAM levels 1-4 (fold axis -2, the default, and -1) and FOAM-Mini. All
+FOAM levels 1-4 (fold axis -2, the default, and -1), FOAM-Mini, FOAM with
+int8 moments, and folded Lion and Muon. All
 optimizers of one size are compiled and warmed up first, then timed
 side by side in one process, interleaved repeat by repeat (so machine noise
 hits all of them alike); each gets the median over repeats, reported as a
@@ -23,7 +24,8 @@ Usage::
 
   python benchmarks/step_time.py --quick     # seconds, for CI
   python benchmarks/step_time.py --train tiny,20m   # the committed results:
-      # benchmarks/results/step_time.md and .json (~18 min on 2 busy cores)
+      # benchmarks/results/step_time.md and .json (40 repeats per size and
+      # dtype: about an hour on 2 busy cores)
   python benchmarks/step_time.py --sizes 1b --dtypes float32,bfloat16 \\
       --optimizers adamw,foam,foam_l4,foam_l2_ax1,foam_mini \\
       --repeats 10 --inner 5 --warmup 3 --out $OUT/step_time_gpu.md  # GPU
@@ -77,17 +79,22 @@ SIZES: dict[str, tuple[str, dict[str, int]]] = {
 # registry's: weight decay as in Optax's defaults (its cost is in the step).
 STEP_OPTIMIZERS = ("adamw", "adafactor", "lion", "muon", "galore", "foam_l1", "foam",
                    "foam_l3", "foam_l4", "foam_l1_ax1", "foam_l2_ax1", "foam_l3_ax1",
-                   "foam_l4_ax1", "foam_mini")
+                   "foam_l4_ax1", "foam_mini", "foam_int8", "foam_lion", "foam_muon")
+# AdamW, FOAM and folded Lion with their libraries' default weight decay
+# (foam_jax.foam's is AdamW's 1e-4; Lion's 1e-3); the rest without.
 SETTINGS: dict[str, dict[str, Any]] = {
     "adamw": {"weight_decay": 1e-4},
     "lion": {"weight_decay": 1e-3},
+    "foam_lion": {"weight_decay": 1e-3},
+    **{name: {"weight_decay": 1e-4} for name in STEP_OPTIMIZERS
+       if name.startswith("foam") and name not in ("foam_lion", "foam_muon")},
 }
 LR = 1e-3
 
-# The full run's sizes: float32 from 1M to 100M params, bfloat16 10M and 50M.
-FULL_SIZES = "1m/float32,10m,50m,100m/float32"
+# The full run's sizes: 10M, 50M and 100M params, float32 and bfloat16.
+FULL_SIZES = "10m,50m,100m"
 # Compute-bound baselines, timed only on small sizes (--slow-max-params).
-SLOW_OPTIMIZERS = ("muon", "galore")
+SLOW_OPTIMIZERS = ("muon", "galore", "foam_muon")
 
 # Enough to exercise every code path in seconds (CI).
 QUICK_OPTIMIZERS = ("adamw", "lion", "foam", "foam_l2_ax1", "foam_mini")
@@ -130,13 +137,16 @@ def describe(slow_max_params: float) -> str:
   return (
       f"Optimizers: the example's registry (`examples/llama/optimizers.py`) at "
       f"a constant lr {LR:g}, weight decay {SETTINGS['adamw']['weight_decay']:g} "
-      f"for AdamW and {SETTINGS['lion']['weight_decay']:g} for Lion (Optax's "
-      "defaults), none for the others; Muon (Newton-Schulz, compute-bound "
-      "matmuls) and GaLore (rank hidden/4; its SVD is not in the timed steps) "
-      "act on the hidden matrices, Adam on the rest, and are timed only up to "
-      f"{slow_max_params / 1e6:.0f}M params; `foam_lN` = fold level N along "
-      "axis -2 (`foam` = level 2), `foam_lN_ax1` = along axis -1, embed/lm_head/"
-      "norms Adam; `foam_mini` = one block per fold axis.")
+      f"for AdamW and every FOAM variant (foam_jax.foam's default) and "
+      f"{SETTINGS['lion']['weight_decay']:g} for Lion and folded Lion (Optax's "
+      "default), none for the others; Muon and folded Muon (Newton-Schulz, "
+      "compute-bound matmuls) and GaLore (rank hidden/4; its SVD is not in the "
+      "timed steps) act on the hidden matrices, Adam on the rest, and are timed "
+      f"only up to {slow_max_params / 1e6:.0f}M params; `foam_lN` = fold level N "
+      "along axis -2 (`foam` = level 2), `foam_lN_ax1` = along axis -1, embed/"
+      "lm_head/norms Adam; `foam_mini` = one block per fold axis; `foam_int8` = "
+      "`foam` with int8 moments; `foam_lion`/`foam_muon` = folded Lion/Muon at "
+      "level 2.")
 
 
 def bench_size(size: str, dtype_name: str, names: list[str], *, warmup: int,
@@ -289,7 +299,7 @@ def main(argv=None) -> dict[str, Any]:
       dtypes = dtypes[:1]
   else:
     sizes = (args.sizes or FULL_SIZES).split(",")
-    repeats, inner = args.repeats or 5, args.inner or 2
+    repeats, inner = args.repeats or 40, args.inner or 1
     dtypes = args.dtypes.split(",")
   configs = []
   for dtype in dtypes:

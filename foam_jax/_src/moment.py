@@ -45,6 +45,9 @@ from foam_jax._src import specs as specs_lib
 __all__ = [
     "Geometry",
     "FoldedGradient",
+    "GateChain",
+    "gate_after",
+    "needs_statistics_pass",
     "geometry",
     "zeros",
     "ema",
@@ -111,21 +114,121 @@ def geometry(spec: specs_lib.FoldSpec | None, shape, state_shape
   )
 
 
+# Largest block whose mean the fused form recomputes in the update loop.
+FUSED_MAX_BLOCK = 8
+# Where the statistics pass runs: ``None`` on XLA:CPU with one device
+# (GateChain), ``True`` wherever needs_statistics_pass says so, ``False``
+# nowhere (tests and benchmarks set it to compare the two forms).
+STATISTICS_PASS: bool | None = None
+
+
+def needs_statistics_pass(dtype, shape: tuple[int, ...], geom: Geometry | None
+                          ) -> bool:
+  """Whether a leaf's block statistics get a pass of their own on XLA:CPU.
+
+  The fused form recomputes each entry's block mean inside the update loop
+  from the ``block`` entries around it. XLA:CPU vectorizes that loop for
+  32-bit gradients in blocks of up to 8 entries along axis ``-2``, but not
+  for 16-bit gradients folded along their last axis (one scalar per entry,
+  3x AdamW's step), and in blocks of 16 or more entries the recomputation
+  costs more than a pass (``benchmarks/results/perf-notes.md``).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> needs_statistics_pass(jnp.float32, (8, 8), Geometry(axis=0, level=2))
+    False
+    >>> needs_statistics_pass(jnp.bfloat16, (8, 8), Geometry(axis=1, level=2))
+    True
+  """
+  if geom is None or geom.level == 0:
+    return False
+  block = folding.block_size(shape[geom.axis], geom.level)
+  minor = geom.axis == len(shape) - 1
+  return block > FUSED_MAX_BLOCK or (jnp.dtype(dtype).itemsize == 2 and minor)
+
+
+def gate_after(count: jax.Array, previous: Any = None) -> jax.Array:
+  """An always-true predicate that XLA can only evaluate after ``previous``.
+
+  The statistics pass runs behind ``jax.lax.cond`` on it: a conditional is
+  a boundary XLA:CPU keeps (it drops ``optimization_barrier``), so the block
+  statistics are computed once into their own buffers instead of being
+  fused (and recomputed) into every consumer. Gating each leaf's pass on the
+  previous leaf's new moment orders the leaves, so only one leaf's
+  statistics are alive at a time (a temporary of ``2 N / 2^l`` entries).
+
+  Args:
+    count: the step count (``>= 0``).
+    previous: the previous leaf's new moment (an array or quantized moment),
+      or ``None`` for the first leaf.
+  """
+  gate = count >= 0
+  if previous is None:
+    return gate
+  leaf = previous.codes if isinstance(previous, quantize.QuantizedMoment) else previous
+  if not leaf.size:
+    return gate
+  first = jnp.real(jax.lax.slice(leaf.reshape(-1), (0,), (1,))[0])
+  return gate | jnp.isnan(first)  # Never NaN-dependent: count >= 0 holds.
+
+
+class GateChain:
+  """:func:`gate_after` gates for a transform's leaves, in order.
+
+  It hands out ``None`` (the fused form everywhere) off XLA:CPU, where the
+  compilers fuse differently and a conditional would cost a host sync per
+  leaf, and with more than one device, where ordering the leaves would make
+  one device wait on another's shard (a collective).
+
+  Args:
+    count: the step count.
+  """
+
+  def __init__(self, count: jax.Array):
+    self.count = count
+    if STATISTICS_PASS is None:
+      self.active = jax.default_backend() == "cpu" and jax.device_count() == 1
+    else:
+      self.active = STATISTICS_PASS
+    self.previous = None
+
+  def next(self) -> jax.Array | None:
+    """The gate of the next leaf."""
+    return gate_after(self.count, self.previous) if self.active else None
+
+  def done(self, new_moment: Any) -> None:
+    """Records a leaf's new moment: the next leaf's pass waits for it."""
+    self.previous = new_moment
+
+
 class FoldedGradient:
   """One leaf's gradient seen through a folded moment's geometry.
 
-  Everything is in the blocked view ``(.., num_blocks, block, ..)`` of the
-  gradient and the folded view ``(.., num_blocks, ..)`` of the moments;
-  :meth:`unblock` returns to the parameter's shape. For a leaf that is not
-  folded (``geometry=None``) the views are the gradient itself.
+  Moments are in the folded view ``(.., num_blocks, ..)``; the gradient and
+  every full-size read are in a *working view* (:attr:`blocks`) that
+  :meth:`unblock` returns to the parameter's shape. By default the working
+  view is the blocked view ``(.., num_blocks, block, ..)``, where :math:`U`
+  is a broadcast and :math:`F` a sum of slices, so every read and update is
+  elementwise work that XLA fuses into one pass over the gradient.
+
+  With a ``gate`` (XLA:CPU) and where :func:`needs_statistics_pass` says so,
+  :math:`F(g)` and :math:`F(|g|^2)` are computed in one pass of their own
+  and read back as arrays; a leaf folded along its last axis then works on
+  the gradient itself (:math:`U` a broadcast along that axis), which XLA:CPU
+  vectorizes where it does not vectorize the blocked view.
+
+  A leaf that is not folded gets the same interface with
+  :math:`F = U = \\mathrm{id}` and :math:`R = 0`.
 
   Args:
-    g: the gradient, already in the compute dtype.
+    g: the gradient.
     geom: the leaf's :class:`Geometry`, or ``None`` if it is not folded
       (level 0, blocks of one entry, is the same: the gradient itself).
     residual_scale: ``c``, the weight of the residual in every read.
     count_dtype: dtype of the per-block entry counts (a tail block shorter
       than the rest is averaged over its true length).
+    compute_dtype: the dtype ``g`` is read in (default: its own).
+    gate: :func:`gate_after`'s predicate; ``None`` keeps the fused form.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -138,46 +241,68 @@ class FoldedGradient:
   """
 
   def __init__(self, g: jax.Array, geom: Geometry | None, *,
-               residual_scale: Any = 1.0, count_dtype=None):
+               residual_scale: Any = 1.0, count_dtype=None, compute_dtype=None,
+               gate: jax.Array | None = None):
     if geom is not None and geom.level == 0:
       geom = None  # Blocks of one entry: F = U = id and R = 0 exactly.
     self.geom = geom
     self.length = None if geom is None else g.shape[geom.axis]
     self.residual_scale = residual_scale
+    compute = jnp.dtype(compute_dtype or g.dtype)
+    self._mean_of_squares = None
+    self.flat = False
     if geom is None:
-      self.blocks = g
-      self.mean = g
+      self.blocks = self.mean = g.astype(compute)
       return
     axis, level = geom
-    self.blocks = folding.to_blocks(g, axis, level)  # (.., nb, k, ..)
     self._counts = folding.folded_counts(
-        self.length, level, g.ndim, axis, count_dtype or real_dtype(g.dtype))
-    # Block sums as slices + adds (folding.block_sums): elementwise work
-    # that fuses into the consumers, no separate reduction pass.
-    self.mean = folding.block_sums(self.blocks, axis) / self._counts
+        self.length, level, g.ndim, axis, count_dtype or real_dtype(compute))
+    if gate is None or not needs_statistics_pass(g.dtype, g.shape, geom):
+      self.blocks = folding.to_blocks(g.astype(compute), axis, level)
+      # Block sums as slices + adds (folding.block_sums): elementwise work
+      # that fuses into the consumers, no separate reduction pass.
+      self.mean = folding.block_sums(self.blocks, axis) / self._counts
+      return
+    counts = self._counts
+
+    def statistics():
+      gb = folding.to_blocks(g.astype(compute), axis, level)
+      return (folding.block_sums(gb, axis) / counts,
+              folding.block_sums(gb, axis, square=True) / counts)
+
+    # Both branches compute the statistics: the gate is always true, and a
+    # constant branch would be materialized outside the conditional.
+    self.mean, self._mean_of_squares = jax.lax.cond(gate, statistics, statistics)
+    self.flat = axis == g.ndim - 1
+    self.blocks = (g.astype(compute) if self.flat
+                   else folding.to_blocks(g.astype(compute), axis, level))
 
   def mean_of_squares(self) -> jax.Array:
     """:math:`F(|g|^2)`: the block means of the squared magnitudes."""
     if self.geom is None:
       return folding.abs_sq(self.blocks)
+    if self._mean_of_squares is not None:
+      return self._mean_of_squares
     return (folding.block_sums(self.blocks, self.geom.axis, square=True)
             / self._counts)
 
   def expand(self, folded: jax.Array) -> jax.Array:
-    """:math:`U`: a folded array broadcast over the block axis (a view)."""
+    """:math:`U`: a folded array broadcast into the working view."""
     if self.geom is None:
       return folded
+    if self.flat:
+      return folding.unfold(folded, self.geom.axis, self.geom.level, self.length)
     return jnp.expand_dims(folded, self.geom.axis + 1)
 
   @functools.cached_property
   def residual(self) -> jax.Array | None:
-    """:math:`c R`, blocked; ``None`` (zero) for a leaf that is not folded."""
+    """:math:`c R` in the working view; ``None`` (zero) if not folded."""
     if self.geom is None:
       return None
     return self.residual_scale * (self.blocks - self.expand(self.mean))
 
   def read(self, m: jax.Array) -> jax.Array:
-    """:math:`U \\tilde m + c R`: a folded first moment at full size (blocked)."""
+    """:math:`U \\tilde m + c R`: a folded first moment at full size."""
     if self.residual is None:
       return self.expand(m)
     return self.expand(m) + self.residual
@@ -189,15 +314,16 @@ class FoldedGradient:
     return self.expand(v) + folding.abs_sq(self.residual)
 
   def unblock(self, x_blocks: jax.Array) -> jax.Array:
-    """From the blocked view back to the parameter's shape."""
-    if self.geom is None:
+    """From the working view back to the parameter's shape."""
+    if self.geom is None or self.flat:
       return x_blocks
     return folding.from_blocks(x_blocks, self.geom.axis, self.length)
 
 
 def ema(moment: jax.Array | quantize.QuantizedMoment, target: jax.Array,
         decay: Any, compute_dtype=None, *, optax_order: bool = False,
-        step: Any = None) -> jax.Array | quantize.QuantizedMoment:
+        step: Any = None, gate: jax.Array | None = None
+        ) -> jax.Array | quantize.QuantizedMoment:
   """``decay * moment + (1 - decay) * target``, stored in ``moment``'s dtype.
 
   Args:
@@ -213,6 +339,10 @@ def ema(moment: jax.Array | quantize.QuantizedMoment, target: jax.Array,
     step: the step count; seeds the stochastic rounding of a moment stored
       in 8 bits (:class:`~foam_jax._src.quantize.QuantizedMoment`), which is
       dequantized, updated and requantized in one pass. Unused for floats.
+    gate: :func:`gate_after`'s predicate, or ``None``. With a gate, an 8-bit
+      moment is requantized behind a conditional on it, so that its codes
+      are computed once (XLA:CPU would otherwise recompute them, hash
+      included, inside every loop that reads them back).
 
   Returns:
     The new moment, rounded to the storage dtype (or requantized).
@@ -222,17 +352,24 @@ def ema(moment: jax.Array | quantize.QuantizedMoment, target: jax.Array,
     >>> ema(jnp.zeros(2), jnp.array([1.0, 2.0]), 0.5)
     Array([0.5, 1. ], dtype=float32)
   """
-  if isinstance(moment, quantize.QuantizedMoment):
-    m = moment.astype(compute_dtype or jnp.float32)
-  else:
-    m = moment if compute_dtype is None else moment.astype(compute_dtype)
-  if optax_order:
-    new = (1.0 - decay) * target + decay * m
-  else:
-    new = decay * m + (1.0 - decay) * target
-  if isinstance(moment, quantize.QuantizedMoment):
-    return quantize.quantize(new, moment, step)
-  return new.astype(moment.dtype)
+  quantized = isinstance(moment, quantize.QuantizedMoment)
+
+  def update(moment, target):
+    if quantized:
+      m = moment.astype(compute_dtype or jnp.float32)
+    else:
+      m = moment if compute_dtype is None else moment.astype(compute_dtype)
+    if optax_order:
+      new = (1.0 - decay) * target + decay * m
+    else:
+      new = decay * m + (1.0 - decay) * target
+    if quantized:
+      return quantize.quantize(new, moment, step)
+    return new.astype(moment.dtype)
+
+  if quantized and gate is not None:
+    return jax.lax.cond(gate, update, update, moment, target)
+  return update(moment, target)
 
 
 def zeros(spec: specs_lib.FoldSpec | None, param: Any, dtype, *,

@@ -202,9 +202,10 @@ def scale_by_foam(
       # sums are slices + adds and unfold is a broadcast, so XLA fuses a leaf
       # into three loops, each reading g once, with no temporaries.
       geom = moment.geometry(spec, g.shape, mu.shape)
-      fg = moment.FoldedGradient(g.astype(compute), geom,
+      gate = gates.next()
+      fg = moment.FoldedGradient(g, geom, compute_dtype=compute,
                                  residual_scale=residual_scale,
-                                 count_dtype=real)
+                                 count_dtype=real, gate=gate)
       if second_moment == "mean_of_squares" or geom is None:
         g_sq_mean = fg.mean_of_squares()
       else:
@@ -212,14 +213,18 @@ def scale_by_foam(
       # The update reads the moments as stored (rounded to mu_dtype/nu_dtype),
       # as the authors' in-place PyTorch code does: then XLA can overwrite
       # low-precision states in place instead of keeping float32 copies.
-      mu_new = moment.ema(mu, fg.mean, b1, compute, step=count)
-      nu_new = moment.ema(nu, g_sq_mean, b2, real, step=count)
+      mu_new = moment.ema(mu, fg.mean, b1, compute, step=count, gate=gate)
+      nu_new = moment.ema(nu, g_sq_mean, b2, real, step=count, gate=gate)
+      gates.done(mu_new)
       u_blocks = direction(
           fg.read(mu_new.astype(compute)),
           fg.read_energy(nu_new.astype(real)),
           fg.blocks, 1.0 if geom is None else alpha)
       return fg.unblock(u_blocks).astype(out_dtype), mu_new, nu_new
 
+    # On XLA:CPU some leaves compute their block statistics in a pass of
+    # their own, one leaf after another (moment.FoldedGradient).
+    gates = moment.GateChain(count)
     updates, mu, nu = moment.map_leaves(
         leaf_update, specs, updates, state.mu, state.nu, outputs=3)
     return updates, ScaleByFoamState(count=count, mu=mu, nu=nu)
