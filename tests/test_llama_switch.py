@@ -5,6 +5,7 @@ it resume as FOAM from there: moments converted, moments zeroed, on a mesh,
 and switches ``convert_state`` refuses.
 """
 
+import doctest
 import json
 import os
 import shutil
@@ -146,3 +147,8 @@ def test_lion_to_foam_is_refused(tmp_path):
   assert message.startswith("Checkpoint 2 in ") and "holds a lion optimizer state" in message
   assert "none of them has second moments" in message
   assert "start foam fresh with another --out" in message
+
+
+def test_the_docstring_examples_run():
+  """(Here rather than in test_doctests' list, which other branches edit.)"""
+  assert doctest.testmod(switch, optionflags=doctest.ELLIPSIS).failed == 0
