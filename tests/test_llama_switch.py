@@ -79,7 +79,8 @@ def test_adamw_to_foam_carries_every_count_and_trains_on(adamw_run, tmp_path, ca
   run = resumed(config(out, optimizer="foam", resume=True))
   printed = capsys.readouterr().out
   assert ("switched the optimizer from adamw to foam at step 15 "
-          "(foam_jax.convert_state): moments mu, nu as block means") in printed
+          "(foam_jax.convert_state): moments mu, nu: block means for 7 folded weights, "
+          "copies for 5 others") in printed  # 7 matrices; embeddings, head, 3 norms
   assert "2 step counts carried ([15])" in printed
   optimizer, opt_state = opt_state_of(run)
   fresh = run.tx.init(nnx.as_pure(nnx.state(nnx.merge(run.graphdef, run.state)[0],
@@ -95,6 +96,8 @@ def test_adamw_to_foam_carries_every_count_and_trains_on(adamw_run, tmp_path, ca
   assert q_mu.shape == (64 // 4, 64) and float(np.abs(q_mu).max()) > 0
   assert jax.tree.structure(opt_state) == jax.tree.structure(fresh)
 
+  # The restored weights are AdamW's at step 15 (evaluated again, not read back).
+  assert run.evaluate() == pytest.approx(val_losses(adamw_run)[SWITCH], abs=1e-6)
   train_on(run)
   converted = val_losses(out)
   zero_run = resumed(config(killed_at_switch(adamw_run, tmp_path / "zeroed"),
@@ -111,6 +114,25 @@ def test_adamw_to_foam_carries_every_count_and_trains_on(adamw_run, tmp_path, ca
   # moments (measured: 3.448 -> 3.204 converted, 3.216 zeroed).
   assert converted[after] <= before
   assert converted[after] < zeroed[after] - 2e-3, (converted, zeroed)
+
+
+def test_a_switch_to_the_same_optimizer_continues_exactly(tmp_path):
+  """The whole path (old optimizer's restore target, convert_state, the live
+  state's objects and shardings) is the identity on FOAM -> FOAM."""
+  foam = config(tmp_path / "foam", optimizer="foam", steps=20, checkpoint_every=10,
+                eval_every=10)
+  full = trainer.train(foam)
+  shutil.rmtree(os.path.join(foam.out, "checkpoints", "20"))
+  run = trainer.Trainer(config(foam.out, optimizer="foam", steps=20, checkpoint_every=10,
+                               eval_every=10, resume=True))
+  run.create_state()
+  run.manager = checkpoints.manager(os.path.join(foam.out, "checkpoints"))
+  run.state, _ = switch.restore_switched(run, 10, switch.read_meta(run.manager, 10))
+  run.start_step, run.tokens_seen, run.elapsed_before = 10, 10 * 8 * 32, 0.0
+  run.initial_val_loss = None
+  run.metrics = trainer.outputs.MetricsLog(os.path.join(foam.out, "metrics.jsonl"), 10)
+  run.loop()
+  assert run.val_loss == pytest.approx(full["final_val_loss"], abs=1e-6)
 
 
 def test_switch_on_a_mesh_lands_on_the_live_shardings(adamw_run, tmp_path):

@@ -96,26 +96,23 @@ def _zero_moments(converted: Any, fresh: Any) -> Any:
 
 
 def _moments_summary(opt_state: Any, params: Any) -> str:
-  """"mu, nu: block means on 7 leaves, copies on 6" for a converted state."""
+  """"mu, nu: block means for 28 folded weights, copies for 11 others"."""
   folded, copied, fields = 0, 0, []
   is_moments = lambda x: hasattr(x, "_fields") and "mu" in x._fields
   for node in jax.tree.leaves(opt_state, is_leaf=is_moments):
     if not is_moments(node):
       continue
-    names = [f for f in ("mu", "nu") if f in node._fields]
-    fields += [f for f in names if f not in fields]
-    for f in names:
-      def count(p, m):
-        nonlocal folded, copied
-        if isinstance(m, optax.MaskedNode):
-          return
-        if tuple(getattr(m, "shape", ())) == tuple(p.shape):
-          copied += 1
-        else:
-          folded += 1
-      jax.tree.map(count, params, getattr(node, f),
-                   is_leaf=lambda x: isinstance(x, optax.MaskedNode))
-  return f"{', '.join(fields)} as block means on {folded} leaves, copied on {copied}"
+    fields += [f for f in ("mu", "nu") if f in node._fields and f not in fields]
+    # Per weight (mu only: nu, where there is one, is folded alike).
+    # (An int8 moment is a subtree at its weight's place: its codes' shape.)
+    same = jax.tree.map(
+        lambda p, m: None if isinstance(m, optax.MaskedNode)
+        else tuple(getattr(m, "codes", m).shape) == tuple(p.shape),
+        params, node.mu, is_leaf=lambda x: isinstance(x, optax.MaskedNode))
+    flags = jax.tree.leaves(same)
+    copied += sum(flags)
+    folded += len(flags) - sum(flags)
+  return f"{', '.join(fields)}: block means for {folded} folded weights, copies for {copied} others"
 
 
 def restore_switched(run: Trainer, step: int, meta: dict[str, Any], *,
