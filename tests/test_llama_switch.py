@@ -11,12 +11,16 @@ import os
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+import foam_jax
 from examples.llama import checkpoints
+from examples.llama import model as model_lib
+from examples.llama import optimizers as optimizers_lib
 from examples.llama import sharding as sharding_lib
 from examples.llama import state as state_lib
 from examples.llama import switch
@@ -178,3 +182,22 @@ def test_lion_to_foam_is_refused(tmp_path):
 def test_the_docstring_examples_run():
   """(Here rather than in test_doctests' list, which other branches edit.)"""
   assert doctest.testmod(switch, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+def test_every_registry_switch_carries_every_count():
+  """The registry's chains (schedules, Muon's two parts, clipping): each count,
+  set to a distinct value, reaches the new state (same place, else the first
+  moments' count, which moves with every other)."""
+  shapes = model_lib.abstract_params(TrainConfig(model_overrides=dict(SMALL)).model_config())
+  params = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), nnx.as_pure(shapes))
+  make = lambda name, clip: optimizers_lib.make_optimizer(  # noqa: E731
+      name, None, 20, clip=clip, hidden_size=SMALL["hidden_size"])
+  at_step = lambda path, x: (  # noqa: E731
+      jnp.full_like(x, 7) if getattr(path[-1], "name", None) == "count" else x)
+  for old, new, clip in [("adamw", "foam", 0.0), ("adamw", "foam_mini", 1.0),
+                         ("muon", "foam_muon", 0.0), ("lion", "foam_lion", 1.0)]:
+    state = jax.tree_util.tree_map_with_path(at_step, make(old, clip).init(params))
+    new_tx = make(new, clip)
+    counts = switch.step_counts(foam_jax.convert_state(state, new_tx, params))
+    assert counts.keys() == switch.step_counts(new_tx.init(params)).keys()
+    assert set(counts.values()) == {7}, (old, new, counts)
