@@ -137,8 +137,8 @@ def restore_switched(run: Trainer, step: int, meta: dict[str, Any], *,
   """
   old_name, new_name = checkpoint_optimizer(meta), run.cfg.optimizer
   where = f"Checkpoint {step} in {run.manager.directory}"
-  refuse = (f"{where} holds a {old_name} optimizer state, which does not fit "
-            f"--optimizer {new_name}")
+  refuse = (f"{where} was written by --optimizer {old_name}; its optimizer state "
+            f"does not fit --optimizer {new_name}")
   advice = (f"resume with --optimizer {old_name}, or start {new_name} fresh with "
             "another --out")
   try:
