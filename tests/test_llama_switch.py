@@ -124,18 +124,18 @@ def test_adamw_to_foam_carries_every_count_and_trains_on(adamw_run, tmp_path, ca
 def test_a_switch_to_the_same_optimizer_continues_exactly(tmp_path):
   """The whole path (old optimizer's restore target, convert_state, the live
   state's objects and shardings) is the identity on FOAM -> FOAM."""
-  foam = config(tmp_path / "foam", optimizer="foam", steps=20, checkpoint_every=10,
-                eval_every=10)
+  foam = config(tmp_path / "foam", optimizer="foam", steps=8, checkpoint_every=4,
+                eval_every=4)
   full = trainer.train(foam)
-  shutil.rmtree(os.path.join(foam.out, "checkpoints", "20"))
-  run = trainer.Trainer(config(foam.out, optimizer="foam", steps=20, checkpoint_every=10,
-                               eval_every=10, resume=True))
+  shutil.rmtree(os.path.join(foam.out, "checkpoints", "8"))
+  run = trainer.Trainer(config(foam.out, optimizer="foam", steps=8, checkpoint_every=4,
+                               eval_every=4, resume=True))
   run.create_state()
   run.manager = checkpoints.manager(os.path.join(foam.out, "checkpoints"))
-  run.state, _ = switch.restore_switched(run, 10, switch.read_meta(run.manager, 10))
-  run.start_step, run.tokens_seen, run.elapsed_before = 10, 10 * 8 * 32, 0.0
+  run.state, _ = switch.restore_switched(run, 4, switch.read_meta(run.manager, 4))
+  run.start_step, run.tokens_seen, run.elapsed_before = 4, 4 * 8 * 32, 0.0
   run.initial_val_loss = None
-  run.metrics = trainer.outputs.MetricsLog(os.path.join(foam.out, "metrics.jsonl"), 10)
+  run.metrics = trainer.outputs.MetricsLog(os.path.join(foam.out, "metrics.jsonl"), 4)
   run.loop()
   assert run.val_loss == pytest.approx(full["final_val_loss"], abs=1e-6)
 
