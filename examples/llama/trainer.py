@@ -36,6 +36,7 @@ from examples.llama import outputs
 from examples.llama import sharding as sharding_lib
 from examples.llama import state as state_lib
 from examples.llama import steps as steps_lib
+from examples.llama import switch
 from examples.llama import tokenizers
 from examples.llama.train_config import TrainConfig
 
@@ -68,6 +69,10 @@ class _TrainClock:
 
 class Trainer:
   """One training run of ``cfg``; see the module docstring for the steps."""
+
+  # A benchmark's control: --resume onto another optimizer with its moments
+  # zeroed instead of converted (switch.restore_switched).
+  zero_moments_on_switch = False
 
   def __init__(self, cfg: TrainConfig):
     self.cfg = cfg
@@ -151,7 +156,12 @@ class Trainer:
     self.initial_val_loss = None
     latest = self.manager.latest_step()
     if cfg.resume and latest is not None:
-      self.state, meta = checkpoints.restore(self.manager, latest, self.state)
+      meta = switch.read_meta(self.manager, latest)
+      if switch.checkpoint_optimizer(meta) not in (None, cfg.optimizer):
+        self.state, meta = switch.restore_switched(
+            self, latest, meta, zero_moments=self.zero_moments_on_switch)
+      else:
+        self.state, meta = checkpoints.restore(self.manager, latest, self.state)
       if meta["data"] != self.data_identity:
         raise checkpoints.RestoreError(
             f"--resume: the checkpoint's data stream {meta['data']} differs from "
