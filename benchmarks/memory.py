@@ -199,25 +199,53 @@ def compiled_peaks(names, optimizers, *, batch, seq_len, dtype, overrides=None,
 
 
 def int8_retention(name: str, *, batch: int, seq_len: int, overrides=None,
-                   log=print) -> dict[str, Any]:
+                   depths=None, log=print) -> dict[str, Any]:
   """Share of FOAM's int8 state saving (vs bf16 FOAM) kept by the compiled peak.
 
   Compiles the example's donated bf16 train step with ``foam`` (bf16
   moments) and ``foam_int8`` and returns both and
-  ``(peak_bf16 - peak_int8) / (state_bf16 - state_int8)``.
+  ``(peak_bf16 - peak_int8) / (state_bf16 - state_int8)``. With ``depths``
+  (two layer counts, e.g. ``(1, 2)``), the model is compiled at those depths
+  and, peaks and states being affine in depth, the share is also given per
+  layer, for the rest (embeddings, head) and at the preset's depth.
   """
   config = llama_config(name, **(overrides or {}))
-  mems = {}
-  for opt in ("foam", "foam_int8"):
-    t0 = time.perf_counter()
-    mems[opt] = compiled_memory(config, opt, batch=batch, seq_len=seq_len,
-                                dtype="bfloat16")
-    log(f"  {name} {opt} bf16: peak {mems[opt]['peak'] / 2**20:.1f} MiB (state "
-        f"{mems[opt]['state'] / 2**20:.1f} MiB) [{time.perf_counter() - t0:.1f}s]")
-  bf16, int8 = mems["foam"], mems["foam_int8"]
-  return {"config": name, "batch": batch, "seq_len": seq_len, "dtype": "bfloat16",
-          "foam": bf16, "foam_int8": int8,
-          "retention": (bf16["peak"] - int8["peak"]) / (bf16["state"] - int8["state"])}
+
+  def measure(cfg):
+    mems = {}
+    for opt in ("foam", "foam_int8"):
+      t0 = time.perf_counter()
+      mems[opt] = compiled_memory(cfg, opt, batch=batch, seq_len=seq_len,
+                                  dtype="bfloat16")
+      log(f"  {name} x {cfg.num_layers} {opt} bf16: peak "
+          f"{mems[opt]['peak'] / 2**20:.1f} MiB (state "
+          f"{mems[opt]['state'] / 2**20:.1f} MiB) [{time.perf_counter() - t0:.1f}s]")
+    return mems
+
+  def share(bf16, int8):
+    return (bf16["peak"] - int8["peak"]) / (bf16["state"] - int8["state"])
+
+  row = {"config": name, "batch": batch, "seq_len": seq_len, "dtype": "bfloat16"}
+  if not depths:
+    mems = measure(config)
+    return {**row, **mems, "retention": share(mems["foam"], mems["foam_int8"])}
+  (d1, d2), layers = depths, config.num_layers
+  at = {d: measure(dataclasses.replace(config, num_layers=d)) for d in (d1, d2)}
+
+  def affine(opt, key):
+    slope = (at[d2][opt][key] - at[d1][opt][key]) / (d2 - d1)
+    return {"per_layer": slope, "base": at[d1][opt][key] - d1 * slope,
+            "preset": at[d1][opt][key] + (layers - d1) * slope}
+
+  fit = {opt: {key: affine(opt, key) for key in ("peak", "state")}
+         for opt in ("foam", "foam_int8")}
+  return {**row, "depths": [d1, d2], "preset_layers": layers,
+          "measured": {str(d): at[d] for d in (d1, d2)},
+          "retention_measured": {str(d): share(at[d]["foam"], at[d]["foam_int8"])
+                                 for d in (d1, d2)},
+          "retention": {part: share(*({k: fit[opt][k][part] for k in ("peak", "state")}
+                                      for opt in ("foam", "foam_int8")))
+                        for part in ("per_layer", "base", "preset")}}
 
 
 # --------------------------------------------------------------------------
@@ -348,6 +376,9 @@ def main(argv=None) -> dict[str, Any]:
   parser.add_argument("--int8-config", default=None,
                       help="config whose compiled bf16 step measures the int8 "
                       "saving kept (default: 60m)")
+  parser.add_argument("--int8-depths", type=int, nargs=2, default=None,
+                      help="compile --int8-config at these two depths and "
+                      "extrapolate to its preset depth (e.g. 1 2 for 7b)")
   args = parser.parse_args(argv)
 
   if args.quick:
@@ -420,9 +451,14 @@ def main(argv=None) -> dict[str, Any]:
     save()
   if "int8" not in args.skip:
     log(f"int8 saving kept by the compiled bf16 step ({int8_config}) ...")
-    results["int8_compiled"] = int8_retention(
-        int8_config, batch=batch, seq_len=seq,
-        overrides=overrides if args.quick else None, log=log)
+    row = int8_retention(int8_config, batch=batch, seq_len=seq,
+                         overrides=overrides if args.quick else None,
+                         depths=args.int8_depths, log=log)
+    old = results.get("int8_compiled") or []
+    old = [old] if isinstance(old, dict) else old  # One row, as first written.
+    results["int8_compiled"] = [
+        r for r in old if (r["config"], r.get("depths")) !=
+        (row["config"], row.get("depths"))] + [row]
     save()
   if "fits" not in args.skip:
     log("largest fitting model ...")

@@ -160,18 +160,31 @@ def _int8_lines(results) -> list[str]:
         _gb(here[o]["total_bytes"]) if "total_bytes" in here.get(o, {}) else "error"
         for o in opts) + f" | {ratio} |")
   lines.append("")
-  kept = results.get("int8_compiled")
-  if kept:
-    bf16, int8 = kept["foam"], kept["foam_int8"]
+  kept = results.get("int8_compiled") or []
+  if isinstance(kept, dict):  # One row, as first written.
+    kept = [kept]
+  for r in kept:
+    if "depths" not in r:
+      bf16, int8 = r["foam"], r["foam_int8"]
+      lines += [
+          f"Compiled peak of the example's donated train step ({r['config']}, "
+          f"batch {r['batch']} x {r['seq_len']}, bf16 weights, "
+          "`memory_analysis()`, nothing allocated): FOAM bf16 state "
+          f"{_mib(bf16['state'])} MiB, peak {_mib(bf16['peak'])} MiB; FOAM int8 "
+          f"state {_mib(int8['state'])} MiB, peak {_mib(int8['peak'])} MiB. "
+          "Saving kept = (peak bf16 - peak int8) / (state bf16 - state int8) = "
+          f"**{100 * r['retention']:.1f}%** (temporaries: bf16 "
+          f"{_mib(bf16['temp'])} MiB, int8 {_mib(int8['temp'])} MiB).", ""]
+      continue
+    d1, d2 = r["depths"]
+    ret, meas = r["retention"], r["retention_measured"]
     lines += [
-        f"Compiled peak of the example's donated train step ({kept['config']}, "
-        f"batch {kept['batch']} x {kept['seq_len']}, bf16 weights, "
-        "`memory_analysis()`, nothing allocated): FOAM bf16 state "
-        f"{_mib(bf16['state'])} MiB, peak {_mib(bf16['peak'])} MiB; FOAM int8 "
-        f"state {_mib(int8['state'])} MiB, peak {_mib(int8['peak'])} MiB. "
-        "Saving kept = (peak bf16 - peak int8) / (state bf16 - state int8) = "
-        f"**{100 * kept['retention']:.1f}%** (temporaries: bf16 "
-        f"{_mib(bf16['temp'])} MiB, int8 {_mib(int8['temp'])} MiB).", ""]
+        f"The same at the {r['config']} width, compiled at {d1} and {d2} layers "
+        f"(saving kept {100 * meas[str(d1)]:.1f}% and {100 * meas[str(d2)]:.1f}%) "
+        "and, peaks and states being affine in depth, split into per layer: "
+        f"**{100 * ret['per_layer']:.1f}%**, the rest (embeddings, head, "
+        f"norm): {100 * ret['base']:.1f}%, and at the preset's "
+        f"{r['preset_layers']} layers: **{100 * ret['preset']:.1f}%**.", ""]
   return lines
 
 
