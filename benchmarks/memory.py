@@ -371,8 +371,8 @@ def main(argv=None) -> dict[str, Any]:
                       choices=["analytic", "compiled", "int8", "fits"])
   parser.add_argument("--fit-optimizers", nargs="+", default=None,
                       help="optimizers for the fits (default: adamw foam "
-                      "foam_int8 foam_mini_int8); rows of the others in "
-                      "memory.json are kept")
+                      "foam_int8 foam_mini_int8); memory.json's rows for "
+                      "other (optimizer, width, budget) are kept")
   parser.add_argument("--int8-config", default=None,
                       help="config whose compiled bf16 step measures the int8 "
                       "saving kept (default: 60m)")
@@ -462,7 +462,10 @@ def main(argv=None) -> dict[str, Any]:
     save()
   if "fits" not in args.skip:
     log("largest fitting model ...")
-    kept = [r for r in results.get("fits") or [] if r["optimizer"] not in fit_opts]
+    redone = {(o, w, float(b)) for o in fit_opts for w in widths for b in budgets}
+    kept = [r for r in results.get("fits") or []
+            if (optimizers.canonical_name(r["optimizer"]), r["width_of"],
+                float(r["budget_gib"])) not in redone]
     results["fits"] = kept + largest_fitting(
         widths, budgets, fit_opts, batch=batch, seq_len=seq,
         dtype="bfloat16", verify=not args.no_verify, overrides=overrides,
