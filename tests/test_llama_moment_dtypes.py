@@ -134,10 +134,11 @@ def _steps(tx, apply, n=3):
 
 
 def test_update_equals_nnx_optimizer_update_and_keeps_int8_moments():
-  tx = foam_jax.foam(1e-2)
-  ours = _steps(tx, steps.update)
-  theirs = _steps(tx, lambda o, m, g: o.update(m, g))
-  jax.tree.map(np.testing.assert_array_equal, nnx.state(ours), nnx.state(theirs))
+  # FOAM, and Muon's optax.partition (masked-out leaves in its state).
+  for tx in (foam_jax.foam(1e-2), optimizers.make_optimizer("muon", 1e-2)):
+    ours = _steps(tx, steps.update)
+    theirs = _steps(tx, lambda o, m, g: o.update(m, g))
+    jax.tree.map(np.testing.assert_array_equal, nnx.state(ours), nnx.state(theirs))
   _, optimizer = _steps(foam_jax.foam(1e-2, mu_dtype="int8", nu_dtype="int8"), steps.update)
   mu = optimizer.opt_state[0].mu["up"]["kernel"].get_value()
   assert type(mu) is foam_jax.SignedQuantizedMoment and int(optimizer.step[...]) == 3

@@ -63,8 +63,9 @@ def scale_by_lr_arg() -> optax.GradientTransformationExtraArgs:
       lambda params: optax.EmptyState(), update)
 
 
-def _is_moment(x: Any) -> bool:
-  return isinstance(x, foam_jax.QuantizedMoment)
+def _is_value(x: Any) -> bool:
+  """A state variable's whole value: an int8 moment, or a masked-out leaf."""
+  return isinstance(x, (foam_jax.QuantizedMoment, optax.MaskedNode))
 
 
 def update(optimizer: nnx.Optimizer, model: nnx.Module, grads: Any, **update_args) -> None:
@@ -83,7 +84,7 @@ def update(optimizer: nnx.Optimizer, model: nnx.Module, grads: Any, **update_arg
   nnx.update(model, optax.apply_updates(params, updates))
   variables = jax.tree.leaves(optimizer.opt_state,
                               is_leaf=lambda x: isinstance(x, nnx.Variable))
-  values = jax.tree.leaves(new_state, is_leaf=_is_moment)
+  values = jax.tree.leaves(new_state, is_leaf=_is_value)
   if len(variables) != len(values):
     raise ValueError(f"The optimizer's new state has {len(values)} leaves, its "
                      f"state {len(variables)}.")
