@@ -5,14 +5,16 @@ Three measurements, none of which allocates a model:
 1. *Analytic*: bytes of the weights and of ``tx.init(params)`` for the
    paper's LLaMA configs (20M ... 7B, vocabulary 32000) in bf16 and fp32, from
    ``jax.eval_shape``, for AdamW, Adafactor, Lion, Muon, GaLore, FOAM at levels
-   1-4 and FOAM-Mini; plus the paper's memory figure (weights + states, bf16).
+   1-4, FOAM-Mini, folded Muon and Lion (levels 2, 4); plus the paper's memory
+   figure (weights + states, bf16) and FOAM / FOAM-Mini with int8 moments.
 2. *Compiled peak*: ``jax.jit(step, donate_argnums=(0, 1)).lower(...)
    .compile().memory_analysis()`` of a full train step (forward, backward,
    update) of the LLaMA example's ``tiny``, ``20m`` and ``60m`` configs, and the
-   fraction of the analytic state saving that shows up in that peak.
+   fraction of the analytic state saving that shows up in that peak; and
+   the share of int8 FOAM's saving (vs bf16 FOAM) kept by a bf16 step's peak.
 3. *Largest model in a budget*: at each width of the paper's family, the
    deepest LLaMA whose compiled train step fits 16 GiB / 80 GiB with AdamW
-   vs FOAM at the same batch.
+   vs FOAM (bf16 and int8 moments) and FOAM-Mini int8 at the same batch.
 
 The models are ``examples.llama``'s (``nnx.eval_shape``), the optimizers its
 registry, the step its train step; the report is ``memory_report``. Run
@@ -53,7 +55,12 @@ from examples.llama import steps
 _RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 OPTIMIZERS = ("adamw", "adafactor", "lion", "muon", "galore", "foam_l1",
-              "foam", "foam_l3", "foam_l4", "foam_mini")
+              "foam", "foam_l3", "foam_l4", "foam_mini", "foam_muon",
+              "foam_muon_l4", "foam_lion", "foam_lion_l4")
+# Registry optimizers with int8 moments (``mu_dtype=nu_dtype="int8"``).
+INT8 = {"foam_int8": "foam", "foam_mini_int8": "foam_mini"}
+# The int8 section: the bf16 baselines and the int8 variants.
+INT8_OPTIMIZERS = ("adamw", "foam", "foam_mini", "foam_int8", "foam_mini_int8")
 
 
 def llama_config(name: str, **overrides) -> configs.LlamaConfig:
@@ -73,7 +80,12 @@ def make_optimizer(name: str, hidden: int) -> optax.GradientTransformation:
   Muon and GaLore act on the same matrices FOAM folds (embeddings and the
   head get Adam), as in the papers' memory figures. GaLore's rank is
   ``hidden / 4`` (the GaLore paper's 128 at 60M, 512 at 1B, 1024 at 7B).
+  ``foam_mini_int8`` is ``foam_mini`` with int8 moments (as the registry's
+  ``foam_int8`` is ``foam``'s).
   """
+  if name == "foam_mini_int8":
+    return optimizers.make_optimizer(INT8[name], 1e-3, hidden_size=hidden,
+                                     mu_dtype="int8", nu_dtype="int8")
   return optimizers.make_optimizer(name, 1e-3, hidden_size=hidden)
 
 
@@ -184,6 +196,56 @@ def compiled_peaks(names, optimizers, *, batch, seq_len, dtype, overrides=None,
           f"(state {mem['state'] / 2**20:.1f} MiB) "
           f"[{row['compile_s']:.1f}s]")
   return rows
+
+
+def int8_retention(name: str, *, batch: int, seq_len: int, overrides=None,
+                   depths=None, log=print) -> dict[str, Any]:
+  """Share of FOAM's int8 state saving (vs bf16 FOAM) kept by the compiled peak.
+
+  Compiles the example's donated bf16 train step with ``foam`` (bf16
+  moments) and ``foam_int8`` and returns both and
+  ``(peak_bf16 - peak_int8) / (state_bf16 - state_int8)``. With ``depths``
+  (two layer counts, e.g. ``(1, 2)``), the model is compiled at those depths
+  and, peaks and states being affine in depth, the share is also given per
+  layer, for the rest (embeddings, head) and at the preset's depth.
+  """
+  config = llama_config(name, **(overrides or {}))
+
+  def measure(cfg):
+    mems = {}
+    for opt in ("foam", "foam_int8"):
+      t0 = time.perf_counter()
+      mems[opt] = compiled_memory(cfg, opt, batch=batch, seq_len=seq_len,
+                                  dtype="bfloat16")
+      log(f"  {name} x {cfg.num_layers} {opt} bf16: peak "
+          f"{mems[opt]['peak'] / 2**20:.1f} MiB (state "
+          f"{mems[opt]['state'] / 2**20:.1f} MiB) [{time.perf_counter() - t0:.1f}s]")
+    return mems
+
+  def share(bf16, int8):
+    return (bf16["peak"] - int8["peak"]) / (bf16["state"] - int8["state"])
+
+  row = {"config": name, "batch": batch, "seq_len": seq_len, "dtype": "bfloat16"}
+  if not depths:
+    mems = measure(config)
+    return {**row, **mems, "retention": share(mems["foam"], mems["foam_int8"])}
+  (d1, d2), layers = depths, config.num_layers
+  at = {d: measure(dataclasses.replace(config, num_layers=d)) for d in (d1, d2)}
+
+  def affine(opt, key):
+    slope = (at[d2][opt][key] - at[d1][opt][key]) / (d2 - d1)
+    return {"per_layer": slope, "base": at[d1][opt][key] - d1 * slope,
+            "preset": at[d1][opt][key] + (layers - d1) * slope}
+
+  fit = {opt: {key: affine(opt, key) for key in ("peak", "state")}
+         for opt in ("foam", "foam_int8")}
+  return {**row, "depths": [d1, d2], "preset_layers": layers,
+          "measured": {str(d): at[d] for d in (d1, d2)},
+          "retention_measured": {str(d): share(at[d]["foam"], at[d]["foam_int8"])
+                                 for d in (d1, d2)},
+          "retention": {part: share(*({k: fit[opt][k][part] for k in ("peak", "state")}
+                                      for opt in ("foam", "foam_int8")))
+                        for part in ("per_layer", "base", "preset")}}
 
 
 # --------------------------------------------------------------------------
@@ -306,13 +368,24 @@ def main(argv=None) -> dict[str, Any]:
                       help="only run two real steps of CONFIG with OPTIMIZER "
                       "and print the device's peak bytes as JSON")
   parser.add_argument("--skip", nargs="*", default=[],
-                      choices=["analytic", "compiled", "fits"])
+                      choices=["analytic", "compiled", "int8", "fits"])
+  parser.add_argument("--fit-optimizers", nargs="+", default=None,
+                      help="optimizers for the fits (default: adamw foam "
+                      "foam_int8 foam_mini_int8); memory.json's rows for "
+                      "other (optimizer, width, budget) are kept")
+  parser.add_argument("--int8-config", default=None,
+                      help="config whose compiled bf16 step measures the int8 "
+                      "saving kept (default: 60m)")
+  parser.add_argument("--int8-depths", type=int, nargs=2, default=None,
+                      help="compile --int8-config at these two depths and "
+                      "extrapolate to its preset depth (e.g. 1 2 for 7b)")
   args = parser.parse_args(argv)
 
   if args.quick:
     names, dtypes, opts = ["20m"], ("bfloat16",), OPTIMIZERS
     comp_names, comp_opts = ["tiny"], ("adamw", "foam")
     widths, budgets = ["tiny"], [0.0005]
+    int8_config = "tiny"
     batch, seq = args.batch or 2, args.seq_len or 8
     overrides = {"num_layers": 1, "hidden_size": 32, "intermediate_size": 64,
                  "num_heads": 2}
@@ -321,11 +394,16 @@ def main(argv=None) -> dict[str, Any]:
     dtypes, opts = ("bfloat16", "float32"), OPTIMIZERS
     comp_names, comp_opts = ["tiny", "20m", "60m"], OPTIMIZERS
     widths, budgets = ["1b", "3b", "7b"], args.budgets
+    int8_config = "60m"
     batch, seq = args.batch or 8, args.seq_len or 256
     overrides = {}
   comp_names = args.configs or comp_names
   comp_opts = tuple(args.optimizers or comp_opts)
   widths = args.widths or widths
+  int8_config = args.int8_config or int8_config
+  fit_opts = tuple(args.fit_optimizers or (
+      ("adamw", "foam_int8") if args.quick
+      else ("adamw", "foam", "foam_int8", "foam_mini_int8")))
 
   if args.device_peak:
     name, opt = args.device_peak.split(":")
@@ -354,6 +432,7 @@ def main(argv=None) -> dict[str, Any]:
   if "analytic" not in args.skip:
     log("analytic ...")
     results["analytic"] = analytic(names, dtypes, opts)
+    results["analytic_int8"] = analytic(names, ("bfloat16",), INT8_OPTIMIZERS)
     counts = {}
     for n in PAPER_FIGURE:
       if n in names:
@@ -370,10 +449,25 @@ def main(argv=None) -> dict[str, Any]:
                                          seq_len=seq, dtype="float32",
                                          overrides=overrides, log=log)
     save()
+  if "int8" not in args.skip:
+    log(f"int8 saving kept by the compiled bf16 step ({int8_config}) ...")
+    row = int8_retention(int8_config, batch=batch, seq_len=seq,
+                         overrides=overrides if args.quick else None,
+                         depths=args.int8_depths, log=log)
+    old = results.get("int8_compiled") or []
+    old = [old] if isinstance(old, dict) else old  # One row, as first written.
+    results["int8_compiled"] = [
+        r for r in old if (r["config"], r.get("depths")) !=
+        (row["config"], row.get("depths"))] + [row]
+    save()
   if "fits" not in args.skip:
     log("largest fitting model ...")
-    results["fits"] = largest_fitting(
-        widths, budgets, ("adamw", "foam"), batch=batch, seq_len=seq,
+    redone = {(o, w, float(b)) for o in fit_opts for w in widths for b in budgets}
+    kept = [r for r in results.get("fits") or []
+            if (optimizers.canonical_name(r["optimizer"]), r["width_of"],
+                float(r["budget_gib"])) not in redone]
+    results["fits"] = kept + largest_fitting(
+        widths, budgets, fit_opts, batch=batch, seq_len=seq,
         dtype="bfloat16", verify=not args.no_verify, overrides=overrides,
         log=log)
   save()

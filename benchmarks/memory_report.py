@@ -24,7 +24,8 @@ PAPER_FIGURE = {
 }
 # Report column order.
 OPTIMIZERS = ("adamw", "adafactor", "lion", "muon", "galore", "foam_l1",
-              "foam", "foam_l3", "foam_l4", "foam_mini")
+              "foam", "foam_l3", "foam_l4", "foam_mini", "foam_muon",
+              "foam_muon_l4", "foam_lion", "foam_lion_l4")
 
 
 def paper_parameter_fit() -> dict[str, dict[str, float]]:
@@ -137,6 +138,56 @@ def _paper_reading(ana, paper) -> str:
   return text
 
 
+def _int8_lines(results) -> list[str]:
+  """The int8 section: weights + state per config, and the compiled check."""
+  rows = results.get("analytic_int8") or []
+  if not rows:
+    return []
+  opts = list(dict.fromkeys(r["optimizer"] for r in rows))
+  lines = ["## int8 moments (`mu_dtype=nu_dtype=\"int8\"`), bf16 weights", "",
+           "Weights + optimizer state (GB, `jax.eval_shape`; int8 state = codes "
+           "+ float32 block scales + the step count). int8/bf16 = FOAM int8 "
+           "state over FOAM bf16 state.", "",
+           "| config | weights | " + " | ".join(opts) + " | FOAM int8/bf16 state |",
+           "|---|---|" + "---|" * (len(opts) + 1)]
+  for c in dict.fromkeys(r["config"] for r in rows):
+    here = {r["optimizer"]: r for r in rows if r["config"] == c}
+    ratio = ""
+    if "foam" in here and "foam_int8" in here:
+      ratio = f"{here['foam_int8']['state_bytes'] / here['foam']['state_bytes']:.3f}"
+    first = next(iter(here.values()))
+    lines.append(f"| {c} | {_gb(first['weights_bytes'])} | " + " | ".join(
+        _gb(here[o]["total_bytes"]) if "total_bytes" in here.get(o, {}) else "error"
+        for o in opts) + f" | {ratio} |")
+  lines.append("")
+  kept = results.get("int8_compiled") or []
+  if isinstance(kept, dict):  # One row, as first written.
+    kept = [kept]
+  for r in kept:
+    if "depths" not in r:
+      bf16, int8 = r["foam"], r["foam_int8"]
+      lines += [
+          f"Compiled peak of the example's donated train step ({r['config']}, "
+          f"batch {r['batch']} x {r['seq_len']}, bf16 weights, "
+          "`memory_analysis()`, nothing allocated): FOAM bf16 state "
+          f"{_mib(bf16['state'])} MiB, peak {_mib(bf16['peak'])} MiB; FOAM int8 "
+          f"state {_mib(int8['state'])} MiB, peak {_mib(int8['peak'])} MiB. "
+          "Saving kept = (peak bf16 - peak int8) / (state bf16 - state int8) = "
+          f"**{100 * r['retention']:.1f}%** (temporaries: bf16 "
+          f"{_mib(bf16['temp'])} MiB, int8 {_mib(int8['temp'])} MiB).", ""]
+      continue
+    d1, d2 = r["depths"]
+    ret, meas = r["retention"], r["retention_measured"]
+    lines += [
+        f"The same at the {r['config']} width, compiled at {d1} and {d2} layers "
+        f"(saving kept {100 * meas[str(d1)]:.1f}% and {100 * meas[str(d2)]:.1f}%) "
+        "and, peaks and states being affine in depth, split into per layer: "
+        f"**{100 * ret['per_layer']:.1f}%**, the rest (embeddings, head, "
+        f"norm): {100 * ret['base']:.1f}%, and at the preset's "
+        f"{r['preset_layers']} layers: **{100 * ret['preset']:.1f}%**.", ""]
+  return lines
+
+
 def _canonical(results: dict[str, Any]) -> dict[str, Any]:
   """``results`` with optimizer names as the registry spells them today."""
   for key in ("analytic", "compiled", "fits"):
@@ -219,6 +270,8 @@ def render(results) -> str:
           f"{fit['matrix_params_from_mini'] / 1e9:.3f}B | {n / 1e9:.3f}B | "
           f"{m / 1e9:.3f}B |")
     lines += ["", _paper_reading(ana, results["paper"]), ""]
+
+  lines += _int8_lines(results)
 
   if results.get("compiled"):
     comp = results["compiled"]

@@ -1,4 +1,4 @@
-"""Sharded FOAM states: shardings, restore targets and the fold policy's fit.
+"""Sharded FOAM states: shardings, restore targets, the fitted layout pinned.
 
 FOAM's folded moments keep their parameter's rank, so each moment takes its
 parameter's ``PartitionSpec``, and with no fold block straddling two shards
@@ -17,6 +17,7 @@ Examples:
 
 from foam_jax._src.sharding import abstract_state
 from foam_jax._src.sharding import fitted_fold_specs
+from foam_jax._src.sharding import pin_layout
 from foam_jax._src.sharding import state_shardings
 from foam_jax._src.sharding import Straddle
 from foam_jax._src.sharding import straddling_blocks
@@ -25,6 +26,7 @@ __all__ = [
     "Straddle",
     "abstract_state",
     "fitted_fold_specs",
+    "pin_layout",
     "state_shardings",
     "straddling_blocks",
 ]

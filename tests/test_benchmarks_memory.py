@@ -54,11 +54,26 @@ def test_paper_memory_figure_is_reproduced_for_7b(analytic_7b):
     assert abs(got[opt]["total_bytes"] / 1e9 - paper) < 0.1, opt
 
 
+def test_int8_foam_state_is_at_most_055_of_bf16_foam_for_7b():
+  """Codes + float32 block scales + count, against bf16 moments."""
+  got = _by_opt(memory.analytic(["7b"], ("bfloat16",), memory.INT8_OPTIMIZERS),
+                "7b", "bfloat16")
+  assert got["foam_int8"]["state_bytes"] <= 0.55 * got["foam"]["state_bytes"]
+  assert got["foam_mini_int8"]["state_bytes"] <= 0.55 * got["foam_mini"]["state_bytes"]
+  assert got["foam_mini_int8"]["state_bytes"] < got["foam_int8"]["state_bytes"]
+
+
 def test_memory_quick_mode_writes_a_consistent_report(tmp_path):
   results = memory.main(["--quick", "--out", str(tmp_path), "--note", "A test run."])
   report = (tmp_path / "memory.md").read_text()
   assert "A test run." in report
   assert "## 2. Compiled peak" in report and "## 3. Largest" in report
+  assert "## int8 moments" in report and "Saving kept" in report
+  kept = results["int8_compiled"][-1]
+  assert kept["foam_int8"]["state"] < kept["foam"]["state"]
+  assert kept["retention"] == (
+      (kept["foam"]["peak"] - kept["foam_int8"]["peak"])
+      / (kept["foam"]["state"] - kept["foam_int8"]["state"]))
   assert json.loads((tmp_path / "memory.json").read_text())["quick"]
   comp = {r["optimizer"]: r for r in results["compiled"]}
   # The donated step holds at least the weights and the state.

@@ -12,7 +12,7 @@ PUBLIC = {
     "foam_muon", "foam_lion", "scale_by_folded_muon", "scale_by_folded_lion",
     "convert_state", "QuantizedMoment", "SignedQuantizedMoment",
 }
-SHARDING = {"Straddle", "abstract_state", "fitted_fold_specs",
+SHARDING = {"Straddle", "abstract_state", "fitted_fold_specs", "pin_layout",
             "state_shardings", "straddling_blocks"}
 
 

@@ -337,6 +337,58 @@ def test_narrow_leaf_under_automatic_axes_is_a_named_error():
     foam_jax.sharding.state_shardings(tx, params)
 
 
+def _pinning_params(mesh):
+  """Leaves whose last axis is split into slices under 256 entries."""
+  rng = np.random.default_rng(8)
+  return {
+      "w": jax.device_put(jnp.asarray(rng.standard_normal((64, 256)), jnp.float32),
+                          NamedSharding(mesh, P("data", "model"))),   # 64 per shard
+      "n": jax.device_put(jnp.ones((64,)), NamedSharding(mesh, P("data"))),  # 32
+      "r": jax.device_put(jnp.ones((8, 512)), NamedSharding(mesh, P())),  # whole
+  }
+
+
+def test_pinned_layout_under_auto_axes_jit_has_blocks_in_shards_and_no_collectives():
+  mesh = _mesh(AxisType.Auto)
+  params = _pinning_params(mesh)
+  tx = foam_jax.foam(1e-3, mu_dtype=jnp.int8, nu_dtype=jnp.int8, weight_decay=0.0)
+  # Unpinned, a traced init cannot see the shardings: it refuses to guess.
+  with pytest.raises(ValueError, match="pin_layout"):
+    jax.jit(tx.init)(params)
+  pinned = foam_jax.sharding.pin_layout(tx, params)
+  shardings = foam_jax.sharding.state_shardings(pinned, params)
+  init = jax.jit(pinned.init, out_shardings=shardings).lower(params).compile()
+  state = init(params)
+  eager = tx.init(params)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), state, eager)
+  for k, slice_ in (("w", 64), ("n", 32), ("r", 512)):
+    for moments in ("mu", "nu"):
+      q = getattr(state[0], moments)[k]
+      shard = q.codes.sharding.shard_shape(q.codes.shape)[-1]
+      assert shard == slice_ and shard % q.block == 0, (k, moments, q.block)
+      assert q.scales.sharding.spec == params[k].sharding.spec
+      assert q.scales.shape[-1] * q.block == q.shape[-1]
+  assert state[0].mu["w"].block == 64 and state[0].mu["r"].block == 256
+
+  def step(params, grads, state):
+    updates, state = pinned.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  update = jax.jit(step, donate_argnums=2).lower(params, params, state).compile()
+  for compiled in (init, update):
+    counts = count_collectives(compiled.as_text())
+    assert counts == dict.fromkeys(COLLECTIVES, 0), counts
+  _, state = update(params, params, state)
+  assert int(state[0].count) == 1 and type(state[0].mu["n"]) is foam_jax.SignedQuantizedMoment
+
+
+def test_pin_layout_refuses_other_params():
+  params = _pinning_params(_mesh(AxisType.Auto))
+  tx = foam_jax.sharding.pin_layout(foam_jax.foam(1e-3, nu_dtype=jnp.int8), params)
+  with pytest.raises(ValueError, match=r"pin_layout.*\['w'\]"):
+    tx.init({**params, "w": jnp.ones((64, 128))})
+
+
 class _Mlp(nnx.Module):
 
   def __init__(self, rngs: nnx.Rngs):

@@ -19,6 +19,12 @@ One name per optimizer (``make_optimizer(name, ...)``), built the way Optax's
   ``foam_jax.foam_lion``, Muon's and Lion's momentum folded at level 2, with
   ``muon``'s and ``lion``'s settings and default learning rates.
 
+Moment storage (``mu_dtype=``, ``nu_dtype=``; ``MOMENT_DTYPES`` lists what
+each optimizer takes): ``float32``, ``bfloat16`` or ``int8`` (blockwise 8-bit,
+``foam_jax.QuantizedMoment``) for FOAM, FOAM-Mini, folded Muon and folded
+Lion; ``float32`` or ``bfloat16`` for the first moment of Optax's AdamW, Lion
+and Muon; none for Adafactor, GaLore and ``foam_int8`` (int8 fixed).
+
 "Hidden matrices" are one rule for all: the leaves FOAM's default policy
 folds (``foam_jax.default_fold_specs``), which for Muon and GaLore must also
 be 2-D. Defaults follow the paper's pre-training (betas 0.9/0.95, no weight
@@ -46,8 +52,10 @@ import foam_jax
 __all__ = [
     "DEFAULT_LR",
     "FOAM_ALPHA",
+    "MOMENT_DTYPES",
     "OPTIMIZERS",
     "canonical_name",
+    "check_moment_dtypes",
     "hidden_matrices",
     "make_optimizer",
     "schedule",
@@ -133,44 +141,47 @@ def _foam_mini(lr, sched: Schedule, *, b1=0.9, b2=0.95, weight_decay=0.0,
                             alpha=alpha, **foam_kwargs)
 
 
-def _adamw(lr, sched: Schedule, *, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0):
-  return optax.adamw(sched(lr), b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+def _adamw(lr, sched: Schedule, *, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0,
+           mu_dtype=None):
+  return optax.adamw(sched(lr), b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                     mu_dtype=mu_dtype)
 
 
 def _adafactor(lr, sched: Schedule, *, weight_decay=0.0):
   return optax.adafactor(sched(lr), weight_decay_rate=weight_decay or None)
 
 
-def _lion(lr, sched: Schedule, *, b1=0.9, b2=0.99, weight_decay=0.0):
-  return optax.lion(sched(lr), b1=b1, b2=b2, weight_decay=weight_decay)
+def _lion(lr, sched: Schedule, *, b1=0.9, b2=0.99, weight_decay=0.0, mu_dtype=None):
+  return optax.lion(sched(lr), b1=b1, b2=b2, weight_decay=weight_decay, mu_dtype=mu_dtype)
 
 
 def _muon(lr, sched: Schedule, *, b1=0.9, b2=0.95, weight_decay=0.0, beta=0.95,
-          adam_lr_ratio=None):
+          adam_lr_ratio=None, mu_dtype=None):
   # Default: AdamW's default lr when lr is Muon's (written so, not as a
   # rounded ratio, to keep the numbers of runs made before the registry).
   adam_lr = (lr * DEFAULT_LR["adamw"] / DEFAULT_LR["muon"] if adam_lr_ratio is None
              else lr * adam_lr_ratio)
   return optax_contrib.muon(
-      sched(lr), beta=beta, weight_decay=weight_decay, adam_b1=b1, adam_b2=b2,
-      adam_weight_decay=weight_decay, adam_learning_rate=sched(adam_lr),
+      sched(lr), beta=beta, weight_decay=weight_decay, mu_dtype=mu_dtype, adam_b1=b1,
+      adam_b2=b2, adam_weight_decay=weight_decay, adam_learning_rate=sched(adam_lr),
       muon_weight_dimension_numbers=_dimension_numbers(
           optax_contrib.MuonDimensionNumbers))
 
 
-def _foam_lion(lr, sched: Schedule, *, b1=0.9, b2=0.99, weight_decay=0.0, fold_level=None):
+def _foam_lion(lr, sched: Schedule, *, b1=0.9, b2=0.99, weight_decay=0.0, fold_level=None,
+               mu_dtype=None):
   return foam_jax.foam_lion(sched(lr), b1=b1, b2=b2, weight_decay=weight_decay,
-                            fold_level=fold_level)
+                            fold_level=fold_level, mu_dtype=mu_dtype)
 
 
 def _foam_muon(lr, sched: Schedule, *, b1=0.9, b2=0.95, weight_decay=0.0, beta=0.95,
-               adam_lr_ratio=None, fold_level=None):
+               adam_lr_ratio=None, fold_level=None, mu_dtype=None):
   # As _muon; the hidden matrices are the library's default (FOAM's) policy.
   adam_lr = lr * (DEFAULT_LR["adamw"] / DEFAULT_LR["muon"] if adam_lr_ratio is None
                   else adam_lr_ratio)
   return foam_jax.foam_muon(
-      sched(lr), beta=beta, weight_decay=weight_decay, adam_b1=b1, adam_b2=b2,
-      adam_weight_decay=weight_decay, adam_learning_rate=sched(adam_lr),
+      sched(lr), beta=beta, weight_decay=weight_decay, mu_dtype=mu_dtype, adam_b1=b1,
+      adam_b2=b2, adam_weight_decay=weight_decay, adam_learning_rate=sched(adam_lr),
       fold_level=fold_level)
 
 
@@ -214,6 +225,55 @@ DEFAULT_LR: dict[str, float] = {
 }
 
 
+_FLOAT_DTYPES = ("float32", "bfloat16")
+_ALL_DTYPES = (*_FLOAT_DTYPES, "int8")
+
+
+def _moment_dtypes(name: str) -> dict[str, tuple[str, ...]]:
+  if name == "foam_int8":  # int8 is its definition.
+    return {}
+  if name.startswith(("foam_lion", "foam_muon")):
+    return {"mu_dtype": _ALL_DTYPES}
+  if name.startswith("foam"):
+    return {"mu_dtype": _ALL_DTYPES, "nu_dtype": _ALL_DTYPES}
+  if name in ("adamw", "lion", "muon"):  # Optax's mu_dtype (a float dtype).
+    return {"mu_dtype": _FLOAT_DTYPES}
+  return {}
+
+
+# Per optimizer, the moment-storage settings it takes and their values.
+MOMENT_DTYPES: dict[str, dict[str, tuple[str, ...]]] = {
+    name: _moment_dtypes(name) for name in OPTIMIZERS}
+
+
+def check_moment_dtypes(name: str, **dtypes: str | None) -> None:
+  """Raises unless optimizer ``name`` takes these ``mu_dtype``/``nu_dtype`` values.
+
+  ``None`` (the default: the params' dtype) is always accepted.
+
+  Raises:
+    ValueError: naming the setting, the value and the optimizer.
+
+  Examples:
+    >>> check_moment_dtypes("foam", mu_dtype="int8", nu_dtype=None)
+    >>> check_moment_dtypes("adamw", nu_dtype="bfloat16")
+    Traceback (most recent call last):
+    ...
+    ValueError: optimizer 'adamw' has no nu_dtype setting (it takes: mu_dtype).
+  """
+  allowed = MOMENT_DTYPES.get(name, {})
+  for key, value in dtypes.items():
+    if value is None:
+      continue
+    if key not in allowed:
+      takes = ", ".join(allowed) or "none"
+      raise ValueError(
+          f"optimizer {name!r} has no {key} setting (it takes: {takes}).")
+    if value not in allowed[key]:
+      raise ValueError(
+          f"optimizer {name!r} takes {key} in {allowed[key]}, got {value!r}.")
+
+
 def canonical_name(name: str) -> str:
   """Today's registry name for a name in older results files.
 
@@ -247,13 +307,15 @@ def make_optimizer(
     clip: clip gradients to this global norm first; ``0`` disables.
     hidden_size: the model's width; GaLore's rank is a quarter of it.
     **settings: the builder's other settings (``b1``, ``b2``, ``weight_decay``,
-      FOAM's ``alpha``, ``residual_scale``, ..., Muon's ``adam_lr_ratio``).
+      FOAM's ``alpha``, ``residual_scale``, ..., Muon's ``adam_lr_ratio``,
+      ``mu_dtype``/``nu_dtype`` as names, see ``MOMENT_DTYPES``).
 
   Returns:
     An ``optax.GradientTransformation``.
 
   Raises:
-    ValueError: unknown name or invalid number.
+    ValueError: unknown name, invalid number, or a moment dtype the optimizer
+      does not take.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -275,6 +337,8 @@ def make_optimizer(
     raise ValueError(f"weight_decay must be >= 0, got {settings['weight_decay']!r}.")
   if clip < 0:
     raise ValueError(f"clip must be >= 0 (0 disables), got {clip!r}.")
+  check_moment_dtypes(name, **{k: settings[k] for k in ("mu_dtype", "nu_dtype")
+                               if k in settings})
   if name == "galore":
     if hidden_size is None and "rank" not in settings:
       raise ValueError("galore needs hidden_size (its rank is hidden_size // 4).")

@@ -50,8 +50,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"{summary['final_val_loss']:.4f} (perplexity {summary['final_val_ppl']:.2f}) "
         f"in {summary['wall_time_s']:.1f} s, "
         + (f"{rate:,.0f} tokens/s" if math.isfinite(rate) else "no steps timed"))
+  moments = cfg.moment_dtypes_label()
   print(f"optimizer state: {summary['state_bytes'] / 2**20:.3f} MiB for {cfg.optimizer} "
-        f"vs {summary['adamw_state_bytes'] / 2**20:.3f} MiB for AdamW "
+        + (f"(moments: {moments}) " if moments else "")
+        + f"vs {summary['adamw_state_bytes'] / 2**20:.3f} MiB for AdamW "
         f"({summary['state_ratio']:.1%})")
   print(f"outputs: {summary['out']}/{{config.json,metrics.jsonl,loss.png,checkpoints}}")
   print(f"final val_loss {summary['final_val_loss']:.6f}")

@@ -17,7 +17,9 @@ from typing import Any
 from examples.llama import configs as configs_lib
 from examples.llama import optimizers as optimizers_lib
 
-__all__ = ["TrainConfig", "make_parser", "parse_args"]
+__all__ = ["MOMENT_DTYPE_CHOICES", "TrainConfig", "make_parser", "parse_args"]
+
+MOMENT_DTYPE_CHOICES = ("float32", "bfloat16", "int8")
 
 
 def _field(default: Any, help: str, **flag: Any) -> Any:  # noqa: A002
@@ -53,6 +55,12 @@ class TrainConfig:
   clip: float = _field(0.0, "global-norm gradient clipping; 0 disables")
   b1: float = _field(0.9, "first-moment decay")
   b2: float = _field(0.95, "second-moment decay (paper: 0.95)")
+  mu_dtype: str | None = _field(
+      None, "storage dtype of the first moment (default: the params'); int8 is "
+      "blockwise 8-bit, FOAM-family optimizers only", choices=MOMENT_DTYPE_CHOICES)
+  nu_dtype: str | None = _field(
+      None, "storage dtype of the second moment (default: the params'); for FOAM "
+      "and FOAM-Mini", choices=MOMENT_DTYPE_CHOICES)
   seed: int = _field(0, "seeds the weights and the training batches")
   data: str | None = _field(None, "a UTF-8 text file to train on")
   data_dir: str | None = _field(None, "a folder of UTF-8 text files")
@@ -95,6 +103,23 @@ class TrainConfig:
       raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}.")
     if self.weight_decay < 0 or self.clip < 0:
       raise ValueError("weight_decay and clip must be >= 0.")
+    for name, value in self.moment_dtypes().items():
+      try:
+        optimizers_lib.check_moment_dtypes(self.optimizer, **{name: value})
+      except ValueError as e:
+        raise ValueError(f"--{name.replace('_', '-')} {value}: {e}") from None
+
+  def moment_dtypes(self) -> dict[str, str]:
+    """The ``mu_dtype``/``nu_dtype`` settings given (for ``make_optimizer``)."""
+    return {k: v for k in ("mu_dtype", "nu_dtype")
+            if (v := getattr(self, k)) is not None}
+
+  def moment_dtypes_label(self) -> str:
+    """The moments' storage, e.g. ``mu int8, nu float32 (params')``."""
+    allowed = optimizers_lib.MOMENT_DTYPES[self.optimizer]
+    params = self.model_config().param_dtype
+    return ", ".join(
+        f"{k[:2]} " + (getattr(self, k) or f"{params} (params')") for k in allowed)
 
   def model_config(self) -> configs_lib.LlamaConfig:
     """The preset with ``model_overrides`` (and ``seq_len``) applied."""

@@ -108,7 +108,7 @@ class Trainer:
     self.tx = optimizers_lib.make_optimizer(
         cfg.optimizer, self.lr, cfg.steps, warmup_fraction=cfg.warmup, clip=cfg.clip,
         hidden_size=model_cfg.hidden_size, weight_decay=cfg.weight_decay, b1=cfg.b1,
-        b2=cfg.b2)
+        b2=cfg.b2, **cfg.moment_dtypes())
     self.schedule = optimizers_lib.schedule(self.lr, cfg.steps, cfg.warmup)
     # What a checkpoint must share with this run to continue it exactly.
     self.data_identity = {

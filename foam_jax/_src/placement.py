@@ -48,6 +48,29 @@ def known_sharding(leaf: Any) -> jax.sharding.Sharding | None:
   return getattr(leaf, "sharding", None)
 
 
+def hidden_mesh_shape(leaf: Any) -> dict[str, int] | None:
+  """The mesh a tracer lives on when its own sharding is not visible.
+
+  Under ``jax.jit`` with *automatic* mesh axes a tracer's abstract value
+  names its mesh but not its partition spec: then the mesh's axis sizes
+  (only axes of size > 1); otherwise (a concrete array, a visible sharding,
+  no mesh) ``None``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> hidden_mesh_shape(jnp.ones(3)) is None
+    True
+  """
+  if not isinstance(leaf, jax.core.Tracer) or known_sharding(leaf) is not None:
+    return None
+  try:
+    mesh = jax.typeof(leaf).sharding.mesh
+    sizes = {name: int(size) for name, size in mesh.shape.items() if size > 1}
+  except Exception:  # pylint: disable=broad-except
+    return None
+  return sizes or None
+
+
 def shard_shape(leaf: Any) -> tuple[int, ...] | None:
   """The per-device shape of ``leaf``, or ``None`` if its sharding is unknown.
 

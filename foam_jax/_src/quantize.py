@@ -6,7 +6,9 @@ entries along the *last* axis (the scales keep the moment's rank, that axis
 shrunk to ``ceil(n / B)``). So codes and scales take the parameter's
 ``PartitionSpec`` like float moments do, and a block never straddles two
 shards as long as each shard's slice of the last axis is a multiple of
-``B`` (:func:`block_size` fits ``B`` to a known sharding).
+``B`` (:func:`block_size` fits ``B`` to a known sharding; under automatic
+mesh axes inside ``jax.jit`` the sharding is hidden, and
+``foam_jax.sharding.pin_layout`` pins the fitted choice).
 
 The code is a small float per block: with scale :math:`s = \max_b |x|`, an
 entry is stored as float32's exponent and its top mantissa bits of
@@ -45,6 +47,7 @@ zero; an infinite maximum is clipped to the largest float32.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 from typing import NamedTuple
 
@@ -153,10 +156,16 @@ def block_size(param: Any, requested: int = BLOCK_SIZE) -> int:
   of the last axis, so that no block straddles two shards. Unsharded (or
   unknown) placement gives ``requested``.
 
+  Traced under automatic mesh axes, where the sharding is not visible
+  (only the mesh is), ``requested`` is kept only if no split of the last
+  axis over the mesh's axes would make a block straddle two shards.
+
   Raises:
     ValueError: the last axis is sharded into slices that no power of two
       ``>= MIN_BLOCK_SIZE`` divides (the scales would cost more than the
-      codes save).
+      codes save); or the sharding is hidden (automatic axes under tracing)
+      and ``requested`` could straddle: pin the layout with
+      ``foam_jax.sharding.pin_layout(tx, params)``.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -165,6 +174,8 @@ def block_size(param: Any, requested: int = BLOCK_SIZE) -> int:
   """
   shard = placement.shard_shape(param)
   shape = tuple(param.shape)
+  if shard is None and shape:
+    _check_hidden_sharding(param, shape, requested)
   if shard is None or not shape or shard[-1] == shape[-1]:
     return requested
   local = shard[-1]
@@ -179,6 +190,31 @@ def block_size(param: Any, requested: int = BLOCK_SIZE) -> int:
         "straddle two shards. Shard that axis into multiples of "
         f"{MIN_BLOCK_SIZE}, or store this moment in bfloat16.")
   return block
+
+
+def _check_hidden_sharding(param: Any, shape: tuple[int, ...], block: int) -> None:
+  """Refuses a block that could straddle shards of an invisible sharding.
+
+  Traced under automatic mesh axes, ``param``'s sharding is not visible
+  (only its mesh is): the block is safe only if it divides the last axis's
+  slice for every way that axis could be split over the mesh's axes.
+  """
+  mesh = placement.hidden_mesh_shape(param)
+  if not mesh:
+    return
+  n = shape[-1]
+  sizes = list(mesh.values())
+  for bits in range(1, 2**len(sizes)):
+    parts = math.prod(s for i, s in enumerate(sizes) if bits >> i & 1)
+    if n % parts == 0 and (n // parts) % block:
+      raise ValueError(
+          f"int8 moment storage for a parameter of shape {shape}, traced under "
+          f"automatic mesh axes {mesh}: its sharding is not visible here, and a "
+          f"quantization block of {block} entries would straddle two shards if "
+          f"its last axis were split {parts} ways ({n // parts} entries each). "
+          "Pin the layout fitted to the sharded params: tx = "
+          "foam_jax.sharding.pin_layout(tx, params); or init eagerly on the "
+          "sharded params, or use explicit mesh axes.")
 
 
 def _scales_shape(shape: tuple[int, ...], block: int) -> tuple[int, ...]:

@@ -15,7 +15,10 @@ guarantees that whenever it can see the parameters' shardings:
 Under ``jax.jit`` with *automatic* mesh axes a tracer carries no sharding,
 so a traced ``init`` folds at ``fold_level`` regardless. When that could
 straddle shards, pin the choice: ``foam(lr, fold_spec=fitted_fold_specs(
-params))``. :func:`state_shardings` raises a clear error in that case.
+params))``. :func:`state_shardings` raises a clear error in that case. Int8
+moments' quantization blocks have the same problem: a traced ``init`` raises
+where a block could straddle, and :func:`pin_layout` pins folds and blocks
+at once.
 
 Typical use (MaxText-style sharded-state setup in one line)::
 
@@ -41,6 +44,7 @@ __all__ = [
     "Straddle",
     "abstract_state",
     "fitted_fold_specs",
+    "pin_layout",
     "state_shardings",
     "straddling_blocks",
 ]
@@ -70,6 +74,70 @@ def fitted_fold_specs(params: Any, fold_level: int = 2) -> specs_lib.FoldSpecTre
     FoldSpec(axis=-1, level=2)
   """
   return specs_lib.resolve_fold_specs(params, None, fold_level)
+
+
+def pin_layout(tx: optax.GradientTransformation, params: Any
+               ) -> optax.GradientTransformation:
+  """``tx`` whose ``init`` builds the state fitted to these params' shardings.
+
+  Traced under ``jax.jit`` with automatic mesh axes, ``init`` cannot see the
+  params' shardings, so it can fit neither the default policy's folds
+  (see :func:`fitted_fold_specs`) nor the quantization blocks of int8
+  moments (``mu_dtype=jnp.int8``), whose blocks must not straddle shards
+  (an int8 ``init`` traced so raises rather than guess). The returned
+  transformation's ``init`` ignores its argument's shardings and builds the
+  state from ``params``' shapes, dtypes and shardings, captured here: the
+  same state as an eager ``tx.init(params)``, so each block lies in one
+  shard and ``update`` needs no collectives. ``update`` is ``tx``'s (it
+  reads the layout off the state).
+
+  For transformations whose ``init`` reads only shapes, dtypes and
+  shardings (FOAM's, folded Muon's and Lion's, Optax's Adam...).
+
+  Args:
+    tx: the optimizer.
+    params: the parameters, sharded ``jax.Array`` s or
+      ``jax.ShapeDtypeStruct`` s with shardings.
+
+  Returns:
+    The transformation (of ``tx``'s type) with the pinned ``init``.
+
+  Raises:
+    ValueError: (from ``init``) its argument's tree, shapes or dtypes differ
+      from ``params``'.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, foam_jax
+    >>> from jax.sharding import NamedSharding, PartitionSpec as P
+    >>> mesh = jax.make_mesh((jax.device_count(),), ("x",),
+    ...                      axis_types=(jax.sharding.AxisType.Auto,))
+    >>> params = {"w": jax.device_put(jnp.ones((8, 1024)),
+    ...                               NamedSharding(mesh, P(None, "x")))}
+    >>> tx = pin_layout(foam_jax.foam(1e-3, nu_dtype=jnp.int8), params)
+    >>> state = jax.jit(tx.init)(params)
+    >>> state[0].nu["w"].block == min(256, 1024 // jax.device_count())
+    True
+  """
+  pinned = memory.abstract(params)
+
+  def init(given):
+    def check(path, want, got):
+      if tuple(want.shape) != tuple(got.shape) or want.dtype != got.dtype:
+        raise ValueError(
+            f"pin_layout: the parameter at {jax.tree_util.keystr(path)} is "
+            f"{got.dtype}{list(got.shape)}, the pinned one "
+            f"{want.dtype}{list(want.shape)}.")
+
+    try:
+      jax.tree_util.tree_map_with_path(check, pinned, given, is_leaf=_is_masked)
+    except (ValueError, TypeError) as e:
+      if "pin_layout" in str(e):
+        raise
+      raise ValueError(f"pin_layout: the params' tree differs from the pinned "
+                       f"one: {e}") from None
+    return tx.init(pinned)
+
+  return tx._replace(init=init)
 
 
 class Straddle(NamedTuple):
