@@ -20,6 +20,7 @@ checkpoint so ``--resume`` continues the exact stream.
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import grain
@@ -28,8 +29,10 @@ import numpy as np
 
 from examples.llama import data as data_lib
 from examples.llama import datasets
+from examples.llama import tokenizers
 
-__all__ = ["TextBatches", "WindowBatches", "global_batch", "process_rows", "train_iterator"]
+__all__ = ["Data", "TextBatches", "WindowBatches", "global_batch", "open_data", "process_rows",
+           "train_iterator"]
 
 Batch = dict[str, np.ndarray]
 
@@ -158,3 +161,70 @@ def train_iterator(source: Any, lo: int, hi: int, start_step: int = 0,
   iterator = iter(steps.to_iter_dataset(options))
   iterator.set_state(state if state is not None else {"next_index": start_step})
   return iterator
+
+
+class Data:
+  """The run's text: its tokenizer, size, identity and batch source.
+
+  Attributes:
+    tokenizer: bytes or SentencePiece.
+    num_tokens: tokens in the corpus (both splits).
+    identity: what a checkpoint must share with a run to continue its stream.
+    prepared: the ``datasets.PreparedDataset`` (``--dataset``), else ``None``.
+  """
+
+  def __init__(self, tokenizer, num_tokens: int, identity: dict[str, Any],
+               prepared: datasets.PreparedDataset | None = None, tokens=None,
+               val_fraction: float | None = None):
+    self.tokenizer, self.num_tokens, self.identity = tokenizer, num_tokens, identity
+    self.prepared, self._tokens, self._val_fraction = prepared, tokens, val_fraction
+
+  def batches(self, seq_len: int, batch_size: int, seed: int):
+    """``WindowBatches`` over the shards, or ``TextBatches`` over the text."""
+    if self.prepared is not None:
+      return WindowBatches(self.prepared, seq_len, batch_size, seed)
+    dataset = data_lib.TokenDataset(self._tokens, seq_len, self._val_fraction)
+    return TextBatches(dataset, batch_size, seed)
+
+
+def open_data(data: str | None = None, data_dir: str | None = None,
+              dataset: str | None = None, tokenizer: str | None = None,
+              val_fraction: float | None = None) -> Data:
+  """The text of ``--data``/``--data-dir``/the built-in corpus, or ``--dataset``.
+
+  With ``dataset``, its ``metadata.json`` defines the tokenizer and the
+  split: a ``tokenizer`` file or a ``val_fraction`` that differs is an error.
+
+  Raises:
+    ValueError: conflicting flags, or bad data; the message names the flag.
+
+  Examples:
+    >>> d = open_data(data_dir=None)
+    >>> d.tokenizer.vocab_size, d.num_tokens > 100_000, d.identity["val_fraction"]
+    (256, True, 0.05)
+  """
+  if dataset is None:
+    val_fraction = 0.05 if val_fraction is None else val_fraction
+    tok = tokenizers.load_tokenizer(tokenizer)
+    tokens = tok.encode(data_lib.read_corpus(data, data_dir))
+    identity = {"val_fraction": val_fraction, "corpus_tokens": int(len(tokens)),
+                "corpus_crc32": zlib.crc32(np.asarray(tokens).tobytes())}
+    return Data(tok, int(len(tokens)), identity, tokens=tokens, val_fraction=val_fraction)
+  if data is not None or data_dir is not None:
+    raise ValueError("--dataset replaces --data and --data-dir; pass one of them.")
+  prepared = datasets.PreparedDataset(dataset)
+  meta = prepared.meta
+  if tokenizer is not None and datasets.tokenizer_identity(tokenizer) != meta["tokenizer"]:
+    raise ValueError(
+        f"--tokenizer {tokenizer} is not the tokenizer {dataset} was prepared with "
+        f"({meta['tokenizer']}); --dataset brings its own, drop --tokenizer.")
+  if val_fraction is not None and val_fraction != meta["val_fraction"]:
+    raise ValueError(
+        f"--val-fraction {val_fraction} conflicts with the split of --dataset {dataset} "
+        f"({meta['val_fraction']}); the dataset defines it, drop --val-fraction.")
+  tok = tokenizers.load_tokenizer(prepared.tokenizer_path)
+  if tok.vocab_size != meta["tokenizer"]["vocab_size"]:
+    raise ValueError(f"--dataset {dataset}: its tokenizer has {tok.vocab_size} tokens, "
+                     f"the metadata says {meta['tokenizer']['vocab_size']}.")
+  num_tokens = prepared.num_tokens("train") + prepared.num_tokens("val")
+  return Data(tok, num_tokens, {"dataset": prepared.identity()}, prepared=prepared)
