@@ -176,9 +176,8 @@ def _encode_unit(unit: Unit, tokenizer: tokenizers.Tokenizer) -> tuple[np.ndarra
     except UnicodeDecodeError as e:
       raise ValueError(f"{unit.path} (near byte {unit.start + e.start}): not UTF-8 text "
                        f"({e.reason}); fix or remove the file.") from None
-    tokens = np.frombuffer(raw, np.uint8).astype(np.int64)
     ends_file = unit.end == os.path.getsize(unit.path)
-    return (np.concatenate([tokens, eos]) if ends_file else tokens), int(ends_file)
+    return np.frombuffer(raw + bytes(eos) * ends_file, np.uint8), int(ends_file)
   docs = list(_documents(unit))
   if unit.is_jsonl:
     pieces = [np.concatenate([tokenizer.encode(d), eos]) for d in docs]
@@ -217,7 +216,7 @@ def tokenize_unit(unit: Unit, out: str, tokenizer_path: str | None, val_fraction
   """
   tokenizer = tokenizers.load_tokenizer(tokenizer_path)
   tokens, documents = _encode_unit(unit, tokenizer)
-  tokens = tokens.astype(dtype)
+  tokens = tokens.astype(dtype, copy=False)
   n_val = int(len(tokens) * val_fraction)
   cut = len(tokens) - n_val
   return {
