@@ -86,7 +86,8 @@ def test_sentencepiece_dataset_defines_the_tokenizer_and_refuses_mixing(tmp_path
   other = llama_corpora.train_sentencepiece(tmp_path / "other", vocab_size=280)
   for flags, message in ((["--tokenizer", other], "not the tokenizer"),
                          (["--val-fraction", "0.2"], "conflicts with the split"),
-                         (["--data", str(shard)], "replaces --data")):
+                         (["--data", str(shard)], "replaces --data"),
+                         (["--vocab-size", "256"], "smaller than the tokenizer's")):
     with pytest.raises(SystemExit) as e:
       train.main(["--dataset", str(out), "--no-progress", *flags])
     assert e.value.code == 2 and message in capsys.readouterr().err
