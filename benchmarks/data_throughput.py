@@ -110,7 +110,7 @@ def main(argv=None) -> dict[str, Any]:
   parser.add_argument("--big-mb", type=float, default=600.0)
   parser.add_argument("--small-mb", type=float, default=3.0)
   parser.add_argument("--sp-mb", type=float, default=30.0)
-  parser.add_argument("--sp-vocab", type=int, default=8000)
+  parser.add_argument("--sp-vocab", type=int, default=4000)
   parser.add_argument("--workers", type=int, default=2)
   parser.add_argument("--note", default="")
   args = parser.parse_args(argv)

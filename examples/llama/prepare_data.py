@@ -138,6 +138,22 @@ def _lines(unit: Unit) -> Iterator[tuple[bytes, str]]:
       position += len(line)
 
 
+def _whole_lines(unit: Unit) -> bytes:
+  """The bytes of the lines that start in ``unit`` (what ``_lines`` yields), in one read."""
+  with open(unit.path, "rb") as f:
+    f.seek(unit.start - 1 if unit.start else 0)
+    chunk = f.read(unit.end - unit.start + (1 if unit.start else 0))
+    raw = chunk
+    if unit.start:
+      cut = chunk.find(b"\n")
+      if cut < 0:  # No line starts here: the previous unit's last line covers it.
+        return b""
+      raw = chunk[cut + 1:]
+    if chunk and not chunk.endswith(b"\n"):
+      raw += f.readline()  # The last line, to its end.
+  return raw
+
+
 def _decode(line: bytes, unit: Unit, where: str) -> str:
   try:
     return line.decode("utf-8")
@@ -170,7 +186,7 @@ def _encode_unit(unit: Unit, tokenizer: tokenizers.Tokenizer) -> tuple[np.ndarra
   sp = getattr(tokenizer, "_sp", None)
   eos = [sp.eos_id()] if sp is not None and sp.eos_id() >= 0 else list(b"\n\n")
   if not unit.is_jsonl and sp is None:  # Bytes of a text file, as they are.
-    raw = b"".join(line for line, _ in _lines(unit))  # Whole lines: no split character.
+    raw = _whole_lines(unit)  # No character split between units.
     try:
       raw.decode("utf-8")
     except UnicodeDecodeError as e:
