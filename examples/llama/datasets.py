@@ -8,8 +8,9 @@
   DIR/tokenizer.model      the SentencePiece model, when there is one
 
 Shards are NumPy ``.npy`` files of the smallest unsigned dtype that holds
-the vocabulary, opened with ``mmap_mode="r"``: training reads only the
-windows it uses, so memory does not grow with the corpus. ``metadata.json``
+the vocabulary (memory-mappable: ``np.load(path, mmap_mode="r")``);
+training reads only the windows it uses, with positional reads
+(``ShardReader``), so memory does not grow with the corpus. ``metadata.json``
 is versioned and names the tokenizer (kind, vocabulary size, SHA-256 of the
 model file), the token and document counts, every shard's size and CRC-32,
 the validation split and the command that made it.
@@ -34,6 +35,7 @@ __all__ = [
     "FORMAT",
     "VERSION",
     "PreparedDataset",
+    "ShardReader",
     "TokenWindows",
     "crc32_file",
     "read_metadata",
@@ -137,6 +139,48 @@ def read_metadata(directory: str) -> dict[str, Any]:
   return meta
 
 
+class ShardReader:
+  """A token shard read with positional reads (``os.pread``), sliced like an array.
+
+  The ``.npy`` file is memory-mappable (``np.load(path, mmap_mode="r")``),
+  and its header is read that way; windows are then read with ``pread``, not
+  through the mapping: on kernels that map large page-cache folios per fault,
+  every random window read through a mapping adds up to a folio to the
+  process's RSS (measured: +300 MiB after 40 steps on a 600 MB corpus),
+  whereas read pages stay in the shared page cache. Memory stays flat
+  whatever the corpus size.
+
+  Examples:
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "s.npy")
+    >>> np.save(path, np.arange(10, dtype=np.uint16))
+    >>> shard = ShardReader(path)
+    >>> len(shard), shard[3:6].tolist()
+    (10, [3, 4, 5])
+  """
+
+  def __init__(self, path: str):
+    header = np.load(path, mmap_mode="r")  # Reads the header; maps, touches nothing.
+    self.path, self.dtype, self.length = path, header.dtype, len(header)
+    self._offset = header.offset
+    del header
+    self._fd = os.open(path, os.O_RDONLY)
+
+  def __len__(self) -> int:
+    return self.length
+
+  def __getitem__(self, index: slice) -> np.ndarray:
+    start, stop, _ = index.indices(self.length)
+    size = self.dtype.itemsize
+    raw = os.pread(self._fd, (stop - start) * size, self._offset + start * size)
+    return np.frombuffer(raw, self.dtype)
+
+  def __del__(self):
+    if getattr(self, "_fd", None) is not None:
+      os.close(self._fd)
+      self._fd = None
+
+
 class TokenWindows:
   """Windows of ``seq_len + 1`` tokens over memory-mapped shards.
 
@@ -196,7 +240,7 @@ class PreparedDataset:
               f"--dataset: shard {path} has {size} bytes, the metadata says "
               f"{record['bytes']} (half-written or damaged); re-run prepare_data.py.")
         if record["tokens"]:
-          self.splits[split].append(np.load(path, mmap_mode="r"))
+          self.splits[split].append(ShardReader(path))
 
   @property
   def tokenizer_path(self) -> str | None:
