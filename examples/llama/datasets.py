@@ -175,6 +175,12 @@ class ShardReader:
     raw = os.pread(self._fd, (stop - start) * size, self._offset + start * size)
     return np.frombuffer(raw, self.dtype)
 
+  def __array__(self, dtype=None, copy=None) -> np.ndarray:
+    """The whole shard (reads it all: for tests and small shards)."""
+    del copy
+    whole = self[:]
+    return whole if dtype is None else whole.astype(dtype)
+
   def __del__(self):
     if getattr(self, "_fd", None) is not None:
       os.close(self._fd)
