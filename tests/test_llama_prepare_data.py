@@ -42,7 +42,8 @@ def test_text_folders_and_json_lines_become_uint8_shards(tmp_path):
   assert saved["version"] == datasets.VERSION and saved["complete"]
   assert saved["tokenizer"] == {"kind": "bytes", "vocab_size": 256}
   assert saved["dtype"] == "uint8" and saved["documents"] == 40 == meta["documents"]
-  assert "prepare_data" in saved["command"] and saved["val_fraction"] == 0.1
+  assert saved["command"].split()[1].endswith("examples/llama/prepare_data.py")
+  assert "--val-fraction 0.1" in saved["command"] and saved["val_fraction"] == 0.1
   assert len(saved["units"]) > 5  # c.jsonl (5.4 kB) is cut into 2 kB units.
   for unit in saved["units"]:
     for split in ("train", "val"):

@@ -391,8 +391,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   parser = make_parser()
   args = parser.parse_args(argv)
   try:
+    argv = sys.argv[1:] if argv is None else list(argv)  # The command, even from Python.
     meta = prepare(args.inputs, args.out, args.tokenizer, args.val_fraction, args.workers,
-                   args.unit_mb, args.progress)
+                   args.unit_mb, args.progress,
+                   command=shlex.join([sys.executable, os.path.abspath(__file__), *argv]))
   except (ValueError, FileNotFoundError, ImportError) as e:
     parser.error(str(e))
   tokens = meta["tokens"]["train"] + meta["tokens"]["val"]
