@@ -116,11 +116,17 @@ def write_json(path: str, obj: Any) -> None:
 
 
 def read_metrics(path: str) -> list[dict[str, Any]]:
-  """The records of a ``metrics.jsonl`` (empty if the file does not exist)."""
+  """The records of a ``metrics.jsonl`` (empty if the file does not exist).
+
+  A last line cut short (a run killed while writing it) is dropped.
+  """
   if not os.path.exists(path):
     return []
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    lines = [line for line in f if line.strip()]
+  if lines and not lines[-1].endswith("\n"):
+    lines.pop()
+  return [json.loads(line) for line in lines]
 
 
 class MetricsLog:

@@ -9,6 +9,8 @@ cores::
   python examples/llama/train.py --data my.txt --steps 1000 --resume
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \
     python examples/llama/train.py --mesh fsdp=2,tp=4
+  python examples/llama/prepare_data.py c4/ --out data/c4 --tokenizer spiece.model
+  python examples/llama/train.py --preset 60m --dataset data/c4 --distributed  # every host
 
 Outputs go under ``--out`` (default ``runs/llama-<preset>-<optimizer>``):
 ``config.json``, ``metrics.jsonl`` (one record per evaluation), ``loss.png``
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from examples.llama import checkpoints
+from examples.llama import distributed
 from examples.llama import train_config
 from examples.llama import trainer
 
@@ -34,6 +37,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   """Command-line entry point; returns the summary of ``trainer.train``."""
   cfg = train_config.parse_args(argv)
   try:
+    distributed.initialize(cfg.coordinator, cfg.num_processes, cfg.process_id,
+                           auto=cfg.distributed)
     run = trainer.Trainer(cfg)
   except (ValueError, FileNotFoundError, ImportError) as e:
     train_config.make_parser().error(str(e))
@@ -41,6 +46,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     summary = run.run()
   except checkpoints.RestoreError as e:  # --resume onto another model or data.
     train_config.make_parser().error(str(e))
+  if not distributed.is_main():  # Process 0 reports.
+    return summary
   if "sample" in summary:
     print(f"--- sample ({cfg.sample} tokens, temperature {cfg.temperature}) ---")
     print(cfg.prompt + summary["sample"])

@@ -67,7 +67,12 @@ class TrainConfig:
   tokenizer: str | None = _field(
       None, "a SentencePiece .model file (needs `pip install sentencepiece`); "
       "default: bytes")
-  val_fraction: float = _field(0.05, "tail fraction of the token stream held out")
+  val_fraction: float | None = _field(
+      None, "tail fraction of the token stream held out (default 0.05; with --dataset, "
+      "the dataset's)", type=float)
+  dataset: str | None = _field(
+      None, "a folder made by prepare_data.py: memory-mapped token shards (its "
+      "metadata.json defines the tokenizer and the split)")
   out: str | None = _field(None, "output folder (default: runs/llama-<preset>-<optimizer>)")
   eval_every: int = _field(50, "steps between validation evaluations")
   eval_batches: int = _field(8, "batches per validation evaluation")
@@ -75,6 +80,14 @@ class TrainConfig:
   resume: bool = _field(False, "continue from the latest checkpoint in --out",
                         action="store_true")
   mesh: str | None = _field(None, "device mesh, e.g. fsdp=2,tp=4 or fsdp=-1 (all devices)")
+  coordinator: str | None = _field(None, "HOST:PORT of process 0 (multi-process runs)")
+  num_processes: int | None = _field(None, "processes in the run (with --coordinator)",
+                                     type=int)
+  process_id: int | None = _field(None, "this process's index (with --coordinator)",
+                                  type=int)
+  distributed: bool = _field(False, "join a TPU pod or SLURM / Open MPI cluster through "
+                             "jax.distributed.initialize()'s auto-detection",
+                             action="store_true")
   sample: int = _field(0, "generate this many tokens at the end (0: none)", cli_default=200)
   temperature: float = _field(0.0, "sampling temperature; 0 is greedy")
   prompt: str = _field("The ", "text the sample starts from")
@@ -99,7 +112,7 @@ class TrainConfig:
       raise ValueError(f"lr must be a positive number, got {self.lr!r}.")
     if not 0.0 <= self.warmup <= 1.0:
       raise ValueError(f"warmup must be in [0, 1], got {self.warmup!r}.")
-    if not 0.0 < self.val_fraction < 1.0:
+    if self.val_fraction is not None and not 0.0 < self.val_fraction < 1.0:
       raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}.")
     if self.weight_decay < 0 or self.clip < 0:
       raise ValueError("weight_decay and clip must be >= 0.")

@@ -18,7 +18,6 @@ import math
 import os
 import shutil
 import time
-import zlib
 from typing import Any
 
 import jax
@@ -26,18 +25,19 @@ import numpy as np
 import optax
 import tqdm
 from flax import nnx
+from jax.experimental import multihost_utils
 
 import foam_jax
 from examples.llama import checkpoints
-from examples.llama import data as data_lib
+from examples.llama import distributed
 from examples.llama import generate as generate_lib
+from examples.llama import loader
 from examples.llama import optimizers as optimizers_lib
 from examples.llama import outputs
 from examples.llama import sharding as sharding_lib
 from examples.llama import state as state_lib
 from examples.llama import steps as steps_lib
 from examples.llama import switch
-from examples.llama import tokenizers
 from examples.llama.train_config import TrainConfig
 
 __all__ = ["Trainer", "train"]
@@ -83,8 +83,9 @@ class Trainer:
   def setup(self) -> None:
     cfg = self.cfg
     self.out = cfg.out_dir()
-    self.tokenizer = tokenizers.load_tokenizer(cfg.tokenizer)
-    self.tokens = self.tokenizer.encode(data_lib.read_corpus(cfg.data, cfg.data_dir))
+    self.data = loader.open_data(cfg.data, cfg.data_dir, cfg.dataset, cfg.tokenizer,
+                                 cfg.val_fraction)
+    self.tokenizer = self.data.tokenizer
     model_cfg = cfg.model_config()
     if model_cfg.vocab_size < self.tokenizer.vocab_size:
       if "vocab_size" in cfg.model_overrides:
@@ -94,7 +95,7 @@ class Trainer:
       model_cfg = dataclasses.replace(model_cfg, vocab_size=self.tokenizer.vocab_size)
     self.model_cfg = model_cfg
     self.seq_len = cfg.seq_len or model_cfg.max_seq_len
-    self.dataset = data_lib.TokenDataset(self.tokens, self.seq_len, cfg.val_fraction)
+    self.source = self.data.batches(self.seq_len, cfg.batch_size, cfg.seed)
 
     self.mesh_sizes = sharding_lib.parse_mesh(cfg.mesh, jax.device_count())
     if cfg.batch_size % self.mesh_sizes["fsdp"]:
@@ -103,6 +104,8 @@ class Trainer:
           f"size ({self.mesh_sizes['fsdp']}).")
     self.mesh = sharding_lib.make_mesh(self.mesh_sizes)
     self.batch_sharding = sharding_lib.batch_sharding(self.mesh)
+    self.rows = loader.process_rows(self.batch_sharding, cfg.batch_size)  # This process's.
+    self.is_main = distributed.is_main()
 
     self.lr = cfg.lr if cfg.lr is not None else optimizers_lib.DEFAULT_LR[cfg.optimizer]
     self.tx = optimizers_lib.make_optimizer(
@@ -113,8 +116,7 @@ class Trainer:
     # What a checkpoint must share with this run to continue it exactly.
     self.data_identity = {
         "seed": cfg.seed, "batch_size": cfg.batch_size, "seq_len": self.seq_len,
-        "val_fraction": cfg.val_fraction, "corpus_tokens": int(len(self.tokens)),
-        "corpus_crc32": zlib.crc32(np.asarray(self.tokens).tobytes()),
+        **self.data.identity,
     }
     self.run_identity = {
         "optimizer": cfg.optimizer, "lr": self.lr, "steps": cfg.steps,
@@ -122,8 +124,9 @@ class Trainer:
         "b1": cfg.b1, "b2": cfg.b2, "model": dataclasses.asdict(model_cfg),
     }
 
-  def put(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    return jax.device_put(batch, self.batch_sharding)
+  def put(self, rows: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    """The global batch from this process's rows of it."""
+    return loader.global_batch(self.batch_sharding, rows, self.cfg.batch_size)
 
   # -- 2. Create the state and compile the steps. ----------------------------
 
@@ -139,8 +142,9 @@ class Trainer:
 
   def evaluate(self) -> float:
     """Mean validation loss over ``eval_batches`` fixed batches."""
-    batches = self.dataset.val_batches(self.cfg.batch_size, self.cfg.eval_batches)
-    losses = [self.eval_step(self.state, self.put(b)) for b in batches]
+    n = self.cfg.eval_batches
+    losses = [self.eval_step(self.state, self.put(self.source.val_rows(i, n, *self.rows)))
+              for i in range(n)]
     return float(np.mean(jax.device_get(losses)))
 
   # -- 3. Resume from the latest checkpoint, or start fresh. -----------------
@@ -148,12 +152,14 @@ class Trainer:
   def resume(self) -> None:
     cfg, ckpt_dir = self.cfg, os.path.join(self.out, "checkpoints")
     os.makedirs(self.out, exist_ok=True)
-    if not cfg.resume and os.path.isdir(ckpt_dir):
+    if not cfg.resume and os.path.isdir(ckpt_dir) and self.is_main:
       print(f"Starting fresh: removing old checkpoints in {ckpt_dir} (--resume keeps them).")
       shutil.rmtree(ckpt_dir)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices("llama: checkpoints folder ready")
     self.manager = checkpoints.manager(ckpt_dir)
     self.start_step, self.tokens_seen, self.elapsed_before = 0, 0, 0.0
-    self.initial_val_loss = None
+    self.initial_val_loss, self.loader_state = None, None
     latest = self.manager.latest_step()
     if cfg.resume and latest is not None:
       meta = switch.read_meta(self.manager, latest)
@@ -175,18 +181,21 @@ class Trainer:
       self.start_step, self.tokens_seen = latest, meta["tokens"]
       self.elapsed_before = meta["wall_time"]
       self.initial_val_loss = meta.get("initial_val_loss")
-      print(f"Resumed from {ckpt_dir} at step {latest}.")
+      self.loader_state = meta.get("loader")  # Absent in older checkpoints: the step.
+      self._print(f"Resumed from {ckpt_dir} at step {latest}.")
     elif cfg.resume:
-      print(f"--resume: no checkpoint in {ckpt_dir}; starting fresh.")
+      self._print(f"--resume: no checkpoint in {ckpt_dir}; starting fresh.")
     self.metrics = outputs.MetricsLog(
         os.path.join(self.out, "metrics.jsonl"),
-        keep_until_step=self.start_step if self.start_step else None)
+        keep_until_step=self.start_step if self.start_step else None) if self.is_main else None
 
   # -- 4. The loop. -----------------------------------------------------------
 
   def _record_eval(self, step: int, train_losses: list[jax.Array], wall: float) -> float:
     train_loss = float(np.mean(jax.device_get(train_losses))) if train_losses else None
     val_loss = self.evaluate()
+    if self.metrics is None:  # Not process 0: it writes the metrics.
+      return val_loss
     self.metrics.append({
         "step": step, "tokens": self.tokens_seen, "train_loss": train_loss,
         "val_loss": val_loss, "val_ppl": math.exp(val_loss),
@@ -207,10 +216,12 @@ class Trainer:
     self.clock, self.val_loss = _TrainClock(), None
     train_losses, last_loss = [], float("nan")
     bar = tqdm.tqdm(total=cfg.steps, initial=self.start_step, unit="step",
-                    disable=not cfg.progress, desc=cfg.optimizer, dynamic_ncols=True,
-                    mininterval=0.5)
+                    disable=not (cfg.progress and self.is_main), desc=cfg.optimizer,
+                    dynamic_ncols=True, mininterval=0.5)
+    batches = loader.train_iterator(self.source, *self.rows, start_step=self.start_step,
+                                    state=self.loader_state)
     for step in range(self.start_step, cfg.steps):
-      batch = self.put(self.dataset.train_batch(cfg.batch_size, cfg.seed, step))
+      batch = self.put(next(batches))
       self.state, loss = self.train_step(self.state, batch)
       train_losses.append(loss)
       self.tokens_seen += cfg.batch_size * self.seq_len
@@ -239,7 +250,7 @@ class Trainer:
           checkpoints.save(self.manager, done, self.state, {
               "step": done, "tokens": self.tokens_seen, "data": self.data_identity,
               "wall_time": wall(), "initial_val_loss": self.initial_val_loss,
-              "run": self.run_identity,
+              "run": self.run_identity, "loader": batches.get_state(),
           })
         self.clock.skip(time.perf_counter() - t0)
     bar.close()
@@ -253,9 +264,10 @@ class Trainer:
     if self.val_loss is None:  # Resumed at the end: evaluate the restored state.
       self.val_loss = self.evaluate()
     timed_tokens = (cfg.steps - self.start_step - 1) * cfg.batch_size * self.seq_len
-    outputs.plot_losses(os.path.join(self.out, "metrics.jsonl"),
-                        os.path.join(self.out, "loss.png"),
-                        title=f"LLaMA {cfg.preset}, {cfg.optimizer}")
+    if self.is_main:
+      outputs.plot_losses(os.path.join(self.out, "metrics.jsonl"),
+                          os.path.join(self.out, "loss.png"),
+                          title=f"LLaMA {cfg.preset}, {cfg.optimizer}")
     summary = {
         "initial_val_loss": self.initial_val_loss,
         "final_val_loss": self.val_loss,
@@ -271,7 +283,9 @@ class Trainer:
         "state_ratio": self.state_bytes / self.adamw_state_bytes,
         "out": self.out,
     }
-    if cfg.sample:
+    if cfg.sample and jax.process_count() > 1:
+      self._print("--sample: skipped in a multi-process run.")
+    elif cfg.sample:
       model = nnx.merge(self.graphdef, self.state)[0]
       prompt = (self.tokenizer.encode(cfg.prompt) if cfg.prompt
                 else np.zeros(1, np.int32))
@@ -281,11 +295,18 @@ class Trainer:
     summary["state"], summary["graphdef"] = self.state, self.graphdef
     return summary
 
+  def _print(self, *args) -> None:
+    if self.is_main:
+      print(*args)
+
   def write_config(self) -> None:
+    if not self.is_main:
+      return
     outputs.write_json(os.path.join(self.out, "config.json"), {
         "train": dataclasses.asdict(self.cfg), "model": dataclasses.asdict(self.model_cfg),
         "lr": self.lr, "seq_len": self.seq_len, "mesh": self.mesh_sizes,
-        "corpus_tokens": int(len(self.tokens)),
+        "corpus_tokens": self.data.num_tokens, "dataset": self.cfg.dataset,
+        "processes": jax.process_count(),
         "tokenizer": type(self.tokenizer).__name__, "machine": outputs.machine_info(),
     })
 
@@ -304,9 +325,10 @@ class Trainer:
     self.resume()
     self.write_config()
     cfg = self.cfg
-    print(f"LLaMA {cfg.preset}: {self.num_params / 1e6:.2f}M params, {cfg.optimizer} "
+    self._print(f"LLaMA {cfg.preset}: {self.num_params / 1e6:.2f}M params, {cfg.optimizer} "
           f"(peak lr {self.lr:g}), {cfg.steps} steps x {cfg.batch_size} x {self.seq_len} "
-          f"tokens, mesh {self.mesh_sizes}, corpus {len(self.tokens):,} tokens "
+          f"tokens, mesh {self.mesh_sizes} on {jax.process_count()} process(es), corpus "
+                f"{self.data.num_tokens:,} tokens "
           f"({type(self.tokenizer).__name__}). Output: {self.out}")
     self.loop()
     return self.summarise()
