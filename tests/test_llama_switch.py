@@ -132,9 +132,9 @@ def test_a_switch_to_the_same_optimizer_continues_exactly(tmp_path):
                                eval_every=4, resume=True))
   run.create_state()
   run.manager = checkpoints.manager(os.path.join(foam.out, "checkpoints"))
-  run.state, _ = switch.restore_switched(run, 4, switch.read_meta(run.manager, 4))
+  run.state, meta = switch.restore_switched(run, 4, switch.read_meta(run.manager, 4))
   run.start_step, run.tokens_seen, run.elapsed_before = 4, 4 * 8 * 32, 0.0
-  run.initial_val_loss = None
+  run.initial_val_loss, run.loader_state = None, meta.get("loader")
   run.metrics = trainer.outputs.MetricsLog(os.path.join(foam.out, "metrics.jsonl"), 4)
   run.loop()
   assert run.val_loss == pytest.approx(full["final_val_loss"], abs=1e-6)

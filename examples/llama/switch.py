@@ -68,7 +68,42 @@ def old_optimizer(run: dict[str, Any]) -> optax.GradientTransformation:
   return optimizers_lib.make_optimizer(
       name, run["lr"], run["steps"], warmup_fraction=run["warmup"], clip=run["clip"],
       hidden_size=run["model"]["hidden_size"], weight_decay=run["weight_decay"],
-      b1=run["b1"], b2=run["b2"])
+      b1=run["b1"], b2=run["b2"], **moment_dtypes(run))
+
+
+def moment_dtypes(run: dict[str, Any]) -> dict[str, str]:
+  """The ``--mu-dtype``/``--nu-dtype`` a run record names (none before them).
+
+  Examples:
+    >>> moment_dtypes({"optimizer": "foam", "mu_dtype": "int8"})
+    {'mu_dtype': 'int8'}
+  """
+  return {k: run[k] for k in ("mu_dtype", "nu_dtype") if run.get(k)}
+
+
+def _label(name: str, dtypes: dict[str, str]) -> str:
+  """``foam``, or ``foam --mu-dtype int8`` when the moments' storage was set."""
+  return " ".join([name] + [f"--{k.replace('_', '-')} {v}" for k, v in sorted(dtypes.items())])
+
+
+def needs_conversion(meta: dict[str, Any], optimizer: str,
+                     dtypes: dict[str, str]) -> bool:
+  """Whether a checkpoint's optimizer state must be converted for this run.
+
+  True when the checkpoint names its optimizer and it, or the moments'
+  storage (``--mu-dtype``/``--nu-dtype``), differs from this run's.
+
+  Examples:
+    >>> meta = {"run": {"optimizer": "adamw"}}
+    >>> needs_conversion(meta, "adamw", {}), needs_conversion(meta, "foam", {})
+    (False, True)
+    >>> needs_conversion({"run": {"optimizer": "foam"}}, "foam", {"mu_dtype": "int8"})
+    True
+  """
+  old = checkpoint_optimizer(meta)
+  if old is None:
+    return False
+  return old != optimizer or moment_dtypes(meta.get("run", {})) != dtypes
 
 
 def step_counts(opt_state: Any) -> dict[str, int]:
@@ -135,7 +170,8 @@ def restore_switched(run: Trainer, step: int, meta: dict[str, Any], *,
     RestoreError: ``convert_state`` cannot turn the old state into the new
       one, or the checkpoint does not fit the old optimizer's state.
   """
-  old_name, new_name = checkpoint_optimizer(meta), run.cfg.optimizer
+  old_name = _label(checkpoint_optimizer(meta), moment_dtypes(meta.get("run", {})))
+  new_name = _label(run.cfg.optimizer, run.cfg.moment_dtypes())
   where = f"Checkpoint {step} in {run.manager.directory}"
   refuse = (f"{where} was written by --optimizer {old_name}; its optimizer state "
             f"does not fit --optimizer {new_name}")

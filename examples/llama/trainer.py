@@ -122,6 +122,7 @@ class Trainer:
         "optimizer": cfg.optimizer, "lr": self.lr, "steps": cfg.steps,
         "warmup": cfg.warmup, "weight_decay": cfg.weight_decay, "clip": cfg.clip,
         "b1": cfg.b1, "b2": cfg.b2, "model": dataclasses.asdict(model_cfg),
+        **cfg.moment_dtypes(),
     }
 
   def put(self, rows: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -163,7 +164,7 @@ class Trainer:
     latest = self.manager.latest_step()
     if cfg.resume and latest is not None:
       meta = switch.read_meta(self.manager, latest)
-      if switch.checkpoint_optimizer(meta) not in (None, cfg.optimizer):
+      if switch.needs_conversion(meta, cfg.optimizer, cfg.moment_dtypes()):
         self.state, meta = switch.restore_switched(
             self, latest, meta, zero_moments=self.zero_moments_on_switch)
       else:
