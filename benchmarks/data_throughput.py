@@ -195,7 +195,7 @@ def render(r: dict[str, Any]) -> str:
             "| tokenizer | input | MiB/s | tokens/s |", "|---|---|---|---|",
             f"| bytes | {c['big']['input_bytes'] / 1e6:,.0f} MB text | "
             f"{c['big'].get('bytes_tokenizer_mib_s', float('nan')):,.1f} | "
-            f"{c['big'].get('bytes_tokenizer_mib_s', float('nan')) * 2**20:,.0f} |",
+            f"{sum(c['big']['tokens'].values()) / c['big']['prepare_s']:,.0f} |",
             f"| SentencePiece unigram, vocab {sp['vocab_size']} | "
             f"{sp['input_bytes'] / 1e6:,.0f} MB JSON lines | {sp['mib_s']:,.2f} | "
             f"{sp['tokens_per_s']:,.0f} |",

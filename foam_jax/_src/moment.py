@@ -154,8 +154,9 @@ def gate_after(count: jax.Array, previous: Any = None) -> jax.Array:
   a boundary XLA:CPU keeps (it drops ``optimization_barrier``), so the block
   statistics are computed once into their own buffers instead of being
   fused (and recomputed) into every consumer. Gating each leaf's pass on the
-  previous leaf's new moment orders the leaves, so only one leaf's
-  statistics are alive at a time (a temporary of ``2 N / 2^l`` entries).
+  previous leaf's new moment orders the leaves, so that XLA does not run
+  every leaf's pass first and keep all their statistics (``2 N / 2^l``
+  entries per leaf) alive at once.
 
   Args:
     count: the step count (``>= 0``).
