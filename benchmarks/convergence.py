@@ -32,9 +32,11 @@ import optax
 from flax import nnx
 
 from benchmarks import common
+from benchmarks.convergence_plan import around
 from benchmarks.convergence_plan import PLANS
 from benchmarks.convergence_plan import run_plan
 from benchmarks.convergence_plan import Store
+from benchmarks.convergence_report import summarize
 from benchmarks.convergence_report import write_report
 from examples.llama import configs
 from examples.llama import data
@@ -44,7 +46,7 @@ from examples.llama import state
 from examples.llama import steps
 from examples.llama import tokenizers
 
-__all__ = ["SETTINGS", "VAL_FRACTION", "load_dataset", "main", "train_run"]
+__all__ = ["SETTINGS", "VAL_FRACTION", "load_dataset", "long_plan", "main", "train_run"]
 
 _RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 VAL_FRACTION = 0.1
@@ -155,6 +157,37 @@ def train_run(spec: dict[str, Any], dataset: data.TokenDataset) -> dict[str, Any
           "params": optax.tree.size(nnx.to_pure_dict(st)[0])}
 
 
+def long_plan(reference: dict[str, Any], report: str) -> dict[str, Any]:
+  """The long-horizon plan, its grids set from the short runs in ``reference``.
+
+  Each optimizer of ``PLANS["long"]`` gets, per suite, its tuned lr in the
+  short runs (``reference``, a convergence store) and the half-decade values
+  either side; the short horizon's results are kept in the plan so that its
+  report can rank both horizons from its own file.
+  """
+  plan = json.loads(json.dumps(PLANS["long"]))
+  short = summarize(reference, reference["meta"]["plan"])
+  by_suite = {f"{s['model']}/{s['dataset']}": {r["optimizer"]: r for r in s["rows"]}
+              for s in short}
+  lrs, kept = {}, {}
+  for model_name, datasets, opts in plan["suites"]:
+    for dataset in datasets:
+      suite = f"{model_name}/{dataset}"
+      for opt in opts:
+        row = by_suite.get(suite, {}).get(opt)
+        if row is None or row["lr"] is None or not row["seeds"]:
+          raise ValueError(f"{report} has no tuned {opt} on {suite}: run the "
+                           "short benchmark first.")
+        lrs[f"{suite}/{opt}"] = around(row["lr"])
+        kept.setdefault(suite, {})[opt] = {
+            "lr": row["lr"], "mean": row["mean"], "sd": row["sd"],
+            "seeds": len(row["seeds"])}
+  steps = max(shape["steps"] for shape in reference["meta"]["plan"]["shape"].values())
+  plan["lrs"] = lrs
+  plan["reference"] = {"steps": steps, "report": report, "suites": kept}
+  return plan
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true",
@@ -162,6 +195,9 @@ def main(argv=None):
   parser.add_argument("--out", default=_RESULTS)
   parser.add_argument("--plan", choices=sorted(PLANS), default=None,
                       help="run set (default: full; --quick selects quick)")
+  parser.add_argument("--reference", default=os.path.join(_RESULTS, "convergence.json"),
+                      help="--plan long: the short runs whose tuned lrs center "
+                      "its grids")
   parser.add_argument("--only", nargs="*", metavar="MODEL/DATASET",
                       help="run only these suites (e.g. 20m/shakespeare)")
   parser.add_argument("--merge", nargs="*", default=[], metavar="JSON",
@@ -173,7 +209,13 @@ def main(argv=None):
                       help="a sentence the report shows about this run (load, "
                       "processes beside it); repeatable")
   args = parser.parse_args(argv)
-  plan = PLANS[args.plan or ("quick" if args.quick else "full")]
+  name = args.plan or ("quick" if args.quick else "full")
+  plan = PLANS[name]
+  if name == "long":
+    with open(args.reference) as f:
+      plan = long_plan(json.load(f),
+                       os.path.relpath(args.reference, os.path.dirname(_RESULTS))
+                       .replace(".json", ".md"))
   os.makedirs(args.out, exist_ok=True)
   meta = {"machine": common.machine_info(), "plan": plan, "quick": args.quick}
   if args.note:

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ABLATION", "PLANS", "Store", "best_lr", "plan_phases", "run_id", "run_plan",
-           "tuned_grid"]
+__all__ = ["ABLATION", "PLANS", "Store", "View", "around", "best_lr", "base_grid",
+           "plan_phases", "run_id", "run_plan", "tuned_grid"]
 
 
 def run_id(spec) -> str:
@@ -52,6 +52,27 @@ class Store:
     os.replace(tmp, self.path)
 
 
+class View:
+  """Read-only :class:`Store` lookalike over loaded data."""
+
+  def __init__(self, data):
+    self.data = data
+
+  def get(self, spec):
+    return self.data["runs"].get(run_id(spec))
+
+
+def base_grid(p, model: str, dataset: str, optimizer: str) -> list[float]:
+  """The lr grid plan ``p`` starts ``optimizer`` on, before any extension.
+
+  ``p["lrs"]`` is one grid for every optimizer, or a dict of grids keyed
+  ``"model/dataset/optimizer"`` (the long-horizon plan: each optimizer's own
+  grid around its best lr at the short horizon).
+  """
+  lrs = p["lrs"]
+  return list(lrs[f"{model}/{dataset}/{optimizer}"] if isinstance(lrs, dict) else lrs)
+
+
 def best_lr(store, base, optimizer, lrs):
   """The grid lr with the lowest final validation loss (seed 0)."""
   scored = []
@@ -71,6 +92,11 @@ def _ladder_step(lr: float, direction: int) -> float | None:
           key=lambda k: abs(math.log(LR_LADDER[k] / lr)))
   j = i + direction
   return LR_LADDER[j] if 0 <= j < len(LR_LADDER) else None
+
+
+def around(lr: float) -> list[float]:
+  """``lr`` and the half-decade values either side of it (3 points)."""
+  return [x for x in (_ladder_step(lr, -1), lr, _ladder_step(lr, 1)) if x is not None]
 
 
 def tuned_grid(store, base, optimizer, lrs, extend, run=None):
@@ -145,7 +171,7 @@ ABLATION = (
 def run_plan(p, store, train, log, only=None):
   """Runs every phase of plan ``p`` (``train(spec) -> result``), skipping done runs."""
   for kind, base, opt in plan_phases(p, only):
-    lrs = p["lrs"]
+    lrs = base_grid(p, base["model"], base["dataset"], opt)
     extend = p.get("extend_edges", 0)
     point = lambda lr, seed, foam=None, o=opt, b=base: {
         **b, "optimizer": o, "lr": lr, "seed": seed, "foam": foam or {}}
@@ -158,8 +184,8 @@ def run_plan(p, store, train, log, only=None):
       for seed in range(1, seeds) if lr is not None else ():
         execute(store, point(lr, seed), train, log)
     else:
-      lr = best_lr(store, base, "foam",
-                   tuned_grid(store, base, "foam", lrs, extend))
+      lrs = base_grid(p, base["model"], base["dataset"], "foam")
+      lr = best_lr(store, base, "foam", tuned_grid(store, base, "foam", lrs, extend))
       for change in p.get("ablation_changes", ABLATION):
         execute(store, point(lr, 0, change, "foam"), train, log)
 
@@ -208,6 +234,18 @@ GPU_PLAN = {
     "ablation": (None, None),
 }
 
-PLANS = {"full": FULL_PLAN, "quick": QUICK_PLAN, "gpu": GPU_PLAN}
+# The longer horizon (``long_plan`` in ``convergence.py`` fills in each
+# optimizer's grid from the 200-step results): 5x the steps on ``tiny``.
+LONG_PLAN = {
+    "suites": [("tiny", ["shakespeare", "builtin"],
+                ("adamw", "foam", "muon", "foam_muon"))],
+    "shape": {"tiny": {"steps": 1000, "batch": 8, "seq_len": 128}},
+    "extend_edges": 1,
+    "seeds": 3,
+    "evals": 10,
+    "ablation": (None, None),
+}
+
+PLANS = {"full": FULL_PLAN, "quick": QUICK_PLAN, "gpu": GPU_PLAN, "long": LONG_PLAN}
 
 

@@ -9,9 +9,10 @@ import statistics
 import numpy as np
 
 from benchmarks import common
+from benchmarks.convergence_plan import base_grid
 from benchmarks.convergence_plan import best_lr
-from benchmarks.convergence_plan import run_id
 from benchmarks.convergence_plan import tuned_grid
+from benchmarks.convergence_plan import View
 
 __all__ = ["summarize", "tokens_to_reach", "write_report"]
 
@@ -55,12 +56,12 @@ def summarize(data, plan):
               **plan["shape"][model_name], "evals": plan["evals"], "foam": {}}
       rows = []
       for opt in opts:
-        lrs = tuned_grid(_View(data), base, opt,
-                         plan["lrs"],
+        lrs = tuned_grid(View(data), base, opt,
+                         base_grid(plan, model_name, dataset, opt),
                          plan.get("extend_edges", 0))
         grid = {r["lr"]: r["final_val_loss"] for r in plain
                 if r["optimizer"] == opt and r["seed"] == 0 and r["lr"] in lrs}
-        lr = best_lr(_View(data), base, opt, lrs)
+        lr = best_lr(View(data), base, opt, lrs)
         seeds = sorted((r for r in plain if r["optimizer"] == opt
                         and r["lr"] == lr), key=lambda r: r["seed"])
         mean, sd = _mean_sd([r["final_val_loss"] for r in seeds])
@@ -78,16 +79,6 @@ def summarize(data, plan):
       out.append({"model": model_name, "dataset": dataset, "rows": rows,
                   "target": target, "ablation": ablation})
   return out
-
-
-class _View:
-  """Read-only :class:`Store` lookalike over loaded data."""
-
-  def __init__(self, data):
-    self.data = data
-
-  def get(self, spec):
-    return self.data["runs"].get(run_id(spec))
 
 
 def _plot(suite, path):
@@ -150,6 +141,49 @@ def _notes(meta) -> list[str]:
   return list(dict.fromkeys(out))
 
 
+def _grid_rule(plan) -> str:
+  if not isinstance(plan["lrs"], dict):
+    return f"Every optimizer gets the same peak-lr grid {plan['lrs']}"
+  ref = plan["reference"]
+  return ("Every optimizer is re-tuned on its own 3-point peak-lr grid: its "
+          f"best lr at {ref['steps']} steps (`{ref['report']}`) and the "
+          "half-decade values either side")
+
+
+def _ranking_lines(suite, reference) -> list[str]:
+  """The short horizon's ranking next to this one's, for one suite."""
+  short = reference["suites"].get(f"{suite['model']}/{suite['dataset']}")
+  done = [r for r in suite["rows"] if r["seeds"]]
+  if not short or not done:
+    return []
+  rank = lambda rows: {o: i + 1 for i, o in enumerate(sorted(rows, key=rows.get))}
+  long_means = {r["optimizer"]: r["mean"] for r in done}
+  short_means = {o: short[o]["mean"] for o in long_means if o in short}
+  long_rank, short_rank = rank(long_means), rank(short_means)
+  steps = reference["steps"]
+  lines = [f"### Ranking: {steps} steps against this horizon", "",
+           f"| optimizer | lr at {steps} steps | final val loss at {steps} steps | "
+           f"rank | lr here | final val loss here | rank |",
+           "|---|---|---|---|---|---|---|"]
+  for r in sorted(done, key=lambda r: long_rank[r["optimizer"]]):
+    o, s0 = r["optimizer"], short.get(r["optimizer"])
+    lines.append(
+        f"| {o} | {s0['lr']:g} | {s0['mean']:.3f} +- {s0['sd']:.3f} | "
+        f"{short_rank[o]} | {r['lr']:g} | {r['mean']:.3f} +- {r['sd']:.3f} | "
+        f"{long_rank[o]} |" if s0 else
+        f"| {o} | - | - | - | {r['lr']:g} | {r['mean']:.3f} +- {r['sd']:.3f} | "
+        f"{long_rank[o]} |")
+  same = [o for o in long_rank if o in short_rank]
+  held = sorted(same, key=short_rank.get) == sorted(same, key=long_rank.get)
+  order = lambda rk: " < ".join(sorted(same, key=rk.get))
+  lines += ["", (f"The {steps}-step ranking holds ({order(long_rank)})." if held else
+                 f"The {steps}-step ranking does not hold: {order(short_rank)} "
+                 f"at {steps} steps, {order(long_rank)} here."),
+            "Ranks are by mean final loss; where two means are closer than "
+            "their standard deviations, their order is within seed noise.", ""]
+  return lines
+
+
 def write_report(data, out):
   """Writes ``convergence.md`` (and one PNG per model/dataset) from ``data``.
 
@@ -167,8 +201,7 @@ def write_report(data, out):
       "Byte-level LLaMA (the example's presets with vocabulary 256, float32, "
       "no remat) trained with next-byte cross-entropy on random windows of "
       "the first 90% of each corpus, validated on fixed windows of the last "
-      "10%. Every optimizer gets the same peak-lr grid "
-      f"{plan['lrs']}, extended by the next half-decade value past an end "
+      "10%. " + _grid_rule(plan) + ", extended by the next half-decade value past an end "
       "while its best lr is at that end (at most "
       f"{plan.get('extend_edges', 0)} times; the same rule for all), on the "
       "same schedule (`foam_jax.paper_schedule`: 10% "
@@ -252,6 +285,8 @@ def write_report(data, out):
                 f"{adam['sd']:.3f} ({len(adam['seeds'])} seeds, lr "
                 f"{adam['lr']:g}): difference {foam['mean'] - adam['mean']:+.3f}"
                 " nats/byte."]
+    if "reference" in plan:
+      lines += [""] + _ranking_lines(suite, plan["reference"])
     png = f"convergence_{model_name}_{dataset}.png"
     _plot(suite, os.path.join(out, png))
     lines += ["", f"![loss curves]({png})", ""]
