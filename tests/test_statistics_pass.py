@@ -39,6 +39,12 @@ def test_needs_statistics_pass_rule():
   assert moment.needs_statistics_pass(jnp.float32, (64, 8), geom(0, 4))
   assert not moment.needs_statistics_pass(jnp.float32, (64, 8), None)
   assert not moment.needs_statistics_pass(jnp.bfloat16, (8, 64), geom(1, 0))
+  # One block per axis (FOAM-Mini): fused in 32 bits off the last axis only.
+  assert not moment.needs_statistics_pass(jnp.float32, (64, 8), geom(0, 6))
+  assert not moment.needs_statistics_pass(jnp.float32, (64, 8), geom(0, 9))
+  assert moment.needs_statistics_pass(jnp.bfloat16, (64, 8), geom(0, 6))
+  assert moment.needs_statistics_pass(jnp.float32, (8, 64), geom(1, 6))
+  assert moment.needs_statistics_pass(jnp.float32, (128, 8), geom(0, 6))
 
 
 def test_off_by_default_with_several_devices():
