@@ -120,6 +120,8 @@ def scale_by_folded_adam(
     specs = specs_lib.resolve_fold_specs(updates, fold_spec, fold_level)
     count = optax.safe_increment(state.count)
 
+    ordered = moment.schedules_by_hand()
+
     def read(spec, g, mu, nu):
       """New folded moments and their read-backs ``M``, ``V``, whole."""
       if isinstance(g, optax.MaskedNode):
@@ -130,12 +132,15 @@ def scale_by_folded_adam(
       fg = moment.FoldedGradient(g.astype(compute), geom,
                                  residual_scale=residual_scale,
                                  count_dtype=real)
-      mu_new = moment.ema(mu, fg.mean, b1, compute, optax_order=True,
-                          step=count)
-      nu_new = moment.ema(nu, fg.mean_of_squares(), b2, real, optax_order=True,
-                          step=count)
-      m = fg.unblock(fg.read(mu_new.astype(compute)))
-      v = fg.unblock(fg.read_energy(nu_new.astype(real)))
+      mu_max, nu_max = moment.gradient_maxima(fg.mean, geom, mu, nu)
+      mu_step = moment.ema(mu, fg.mean, b1, compute, optax_order=True,
+                           step=count, target_max=mu_max)
+      nu_step = moment.ema(nu, fg.mean_of_squares(), b2, real,
+                           optax_order=True, step=count, target_max=nu_max)
+      m = fg.unblock(fg.read(mu_step.read))
+      v = fg.unblock(fg.read_energy(nu_step.read))
+      after = m if ordered else None
+      mu_new, nu_new = mu_step.store(after), nu_step.store(after)
       return m, v, 1.0 if geom is None else alpha, mu_new, nu_new
 
     m, v, scale, mu, nu = moment.map_leaves(

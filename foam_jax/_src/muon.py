@@ -205,6 +205,8 @@ def scale_by_folded_muon(
                               is_leaf=specs_lib.is_spec_leaf)
     count = optax.safe_increment(state.count)
 
+    ordered = moment.schedules_by_hand()
+
     def read(spec, g, mu):
       """The new folded momentum and its read-back ``U m + c R``, whole."""
       if isinstance(g, optax.MaskedNode):
@@ -213,10 +215,9 @@ def scale_by_folded_muon(
       fg = moment.FoldedGradient(
           g.astype(compute), moment.geometry(spec, g.shape, mu.shape),
           residual_scale=residual_scale)
-      mu_new = moment.ema(mu, fg.mean, beta, compute, optax_order=True,
-                          step=count)
-      return fg.unblock(fg.read(mu_new.astype(compute))), fg.unblock(
-          fg.blocks), mu_new
+      mu_step = moment.ema(mu, fg.mean, beta, compute, optax_order=True, step=count)
+      m = fg.unblock(fg.read(mu_step.read))
+      return m, fg.unblock(fg.blocks), mu_step.store(m if ordered else None)
 
     m, g, mu = moment.map_leaves(read, specs, updates, state.mu, outputs=3)
     # From here on, Optax's scale_by_muon on the read-back momentum, tree by

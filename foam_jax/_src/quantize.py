@@ -10,9 +10,12 @@ shards as long as each shard's slice of the last axis is a multiple of
 mesh axes inside ``jax.jit`` the sharding is hidden, and
 ``foam_jax.sharding.pin_layout`` pins the fitted choice).
 
-The code is a small float per block: with scale :math:`s = \max_b |x|`, an
-entry is stored as float32's exponent and its top mantissa bits of
-:math:`|x| / s \in [0, 1]`, offset so that :math:`1.0` is the top code:
+The code is a small float per block: with a scale :math:`s \ge \max_b |x|`
+(the block maximum, or during training the bound that
+``moment.ema`` carries from step to step, which needs no second pass over
+the new moment), an entry is stored as float32's exponent and its top
+mantissa bits of :math:`|x| / s \in [0, 1]`, offset so that :math:`1.0` is
+the top code:
 
 .. math::
 
@@ -22,9 +25,10 @@ entry is stored as float32's exponent and its top mantissa bits of
     2 \text{ mantissa bits},\ \text{gap } 2^{-2}
 
 with :math:`q = 0` meaning exactly zero. Both span 32 binades below the
-block maximum (smallest codes :math:`\approx 3 \cdot 10^{-10}` of it), and
+scale (smallest codes :math:`\approx 3 \cdot 10^{-10}` of it), and
 neighbouring code values differ by at most the gap *relative to the entry*,
-however far below its block's maximum it lies: second moments, which span
+however far below the scale it lies (so a scale above the block maximum
+costs no precision): second moments, which span
 many decades inside one block, keep their small entries, where a linear
 (absmax) code rounds them to zero and blows up :math:`1/\sqrt{v}`. The
 second moment's code is *zero-free*: a positive entry below the smallest
@@ -41,8 +45,8 @@ index, the step count and a salt:
 elementwise integer arithmetic that fuses with the update (no RNG state, no
 ``jax.random`` key).
 
-Blocks whose maximum is not a normal float32 (zero, denormal) are stored as
-zero; an infinite maximum is clipped to the largest float32.
+Blocks whose scale is not a normal float32 (zero, denormal) are stored as
+zero; an infinite scale is clipped to the largest float32.
 """
 
 from __future__ import annotations
@@ -61,8 +65,10 @@ __all__ = [
     "BLOCK_SIZE",
     "QuantizedMoment",
     "SignedQuantizedMoment",
+    "block_max",
     "block_size",
     "dequantize",
+    "is_quantized",
     "is_quantized_dtype",
     "quantize",
     "zeros",
@@ -73,7 +79,7 @@ BLOCK_SIZE = 256
 # Smallest block size init may fit to a shard before it refuses.
 MIN_BLOCK_SIZE = 16
 # Mantissa bits kept: second moment (unsigned, codes 1..255), first (signed,
-# magnitudes 1..127). Both span 32 binades below the block maximum.
+# magnitudes 1..127). Both span 32 binades below the block's scale.
 MANT_NU = 3
 MANT_MU = 2
 _TOP_NU = 255
@@ -217,6 +223,11 @@ def _check_hidden_sharding(param: Any, shape: tuple[int, ...], block: int) -> No
           "sharded params, or use explicit mesh axes.")
 
 
+def is_quantized(*moments: Any) -> bool:
+  """Whether any of ``moments`` is stored in 8 bits (a :class:`QuantizedMoment`)."""
+  return any(isinstance(m, QuantizedMoment) for m in moments)
+
+
 def _scales_shape(shape: tuple[int, ...], block: int) -> tuple[int, ...]:
   if not shape:
     return ()
@@ -315,8 +326,23 @@ def _ratio_of(k: jax.Array, mant_bits: int, top: int) -> jax.Array:
   return jnp.where(k == 0, 0.0, ratio)
 
 
-def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None
-             ) -> QuantizedMoment:
+def block_max(x: jax.Array, block: int) -> jax.Array:
+  """``max |x|`` over each block of ``block`` entries of the last axis.
+
+  The result has the shape of a :class:`QuantizedMoment`'s scales for ``x``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> block_max(jnp.array([[1.0, -3.0, 2.0]]), 2).tolist()
+    [[3.0, 2.0]]
+  """
+  shape = tuple(x.shape)
+  xb = _blocked(x.astype(jnp.float32).reshape(shape or (1,)), block)
+  return jnp.max(jnp.abs(xb), axis=-1).reshape(_scales_shape(shape, block))
+
+
+def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None, *,
+             scale: jax.Array | None = None) -> QuantizedMoment:
   """Quantizes ``x`` with ``like``'s block size and code (signed or not).
 
   Args:
@@ -324,6 +350,9 @@ def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None
     like: the stored moment this replaces: gives the block size and code.
     step: the step count, seeding the stochastic rounding; ``None`` rounds
       to the nearest code value (deterministic).
+    scale: the block scales to code against, of ``like.scales``' shape, each
+      at least its block's ``max |x|`` (entries above it are clipped to the
+      top code); default: the block maxima.
 
   Returns:
     The new :class:`QuantizedMoment`.
@@ -342,7 +371,10 @@ def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None
   n = x1.shape[-1]
   xb = _blocked(x1, block)                    # (.., nb, B)
   mag = jnp.abs(xb) if signed else jnp.maximum(xb, 0.0)
-  scale = jnp.max(mag, axis=-1, keepdims=True)
+  if scale is None:
+    scale = jnp.max(mag, axis=-1, keepdims=True)
+  else:
+    scale = scale.astype(jnp.float32).reshape(xb.shape[:-1] + (1,))
   tiny = np.float32(np.finfo(np.float32).tiny)
   big = np.float32(np.finfo(np.float32).max)
   scale = jnp.minimum(scale, big)

@@ -13,6 +13,7 @@ import optax
 from foam_jax._src import folding
 from foam_jax._src import moment
 from foam_jax._src import placement
+from foam_jax._src import quantize
 from foam_jax._src import specs as specs_lib
 from foam_jax._src import validation as _validation
 
@@ -105,8 +106,9 @@ def scale_by_foam(
       complex dtype of 16 bits or more, or ``jnp.int8`` (or ``"int8"``):
       blockwise-quantized 8-bit storage, int8 codes plus one float32 scale
       per 256 entries of the last axis (:class:`foam_jax.QuantizedMoment`),
-      dequantized, updated and requantized in one pass. Other integer and
-      8-bit float dtypes are refused.
+      dequantized, updated and requantized in one pass; the update reads
+      the new moment before requantization. Other integer and 8-bit float
+      dtypes are refused.
     fold_level: the level ``l`` of the default policy (blocks of ``2**l``
       entries) and of ``FoldSpec(level=None)`` entries; ``None`` is ``2``.
       ``0`` is plain Adam. A Python int: under ``optax.inject_hyperparams``
@@ -205,21 +207,24 @@ def scale_by_foam(
       gate = gates.next()
       fg = moment.FoldedGradient(g, geom, compute_dtype=compute,
                                  residual_scale=residual_scale,
-                                 count_dtype=real, gate=gate)
+                                 count_dtype=real, gate=gate,
+                                 quantized=quantize.is_quantized(mu, nu))
       if second_moment == "mean_of_squares" or geom is None:
         g_sq_mean = fg.mean_of_squares()
       else:
         g_sq_mean = folding.abs_sq(fg.mean)
-      # The update reads the moments as stored (rounded to mu_dtype/nu_dtype),
-      # as the authors' in-place PyTorch code does: then XLA can overwrite
-      # low-precision states in place instead of keeping float32 copies.
-      mu_new = moment.ema(mu, fg.mean, b1, compute, step=count, gate=gate)
-      nu_new = moment.ema(nu, g_sq_mean, b2, real, step=count, gate=gate)
+      # The update reads float moments as stored (rounded to mu_dtype/
+      # nu_dtype), as the authors' in-place PyTorch code does: then XLA can
+      # overwrite low-precision states in place instead of keeping float32
+      # copies. 8-bit moments are read before requantization (moment.ema).
+      mu_max, nu_max = moment.gradient_maxima(fg.mean, geom, mu, nu)
+      mu_step = moment.ema(mu, fg.mean, b1, compute, step=count, target_max=mu_max)
+      nu_step = moment.ema(nu, g_sq_mean, b2, real, step=count, target_max=nu_max)
+      u_blocks = direction(fg.read(mu_step.read), fg.read_energy(nu_step.read),
+                           fg.blocks, 1.0 if geom is None else alpha)
+      after = u_blocks if gates.active else None
+      mu_new, nu_new = mu_step.store(after), nu_step.store(after)
       gates.done(mu_new)
-      u_blocks = direction(
-          fg.read(mu_new.astype(compute)),
-          fg.read_energy(nu_new.astype(real)),
-          fg.blocks, 1.0 if geom is None else alpha)
       return fg.unblock(u_blocks).astype(out_dtype), mu_new, nu_new
 
     # On XLA:CPU some leaves compute their block statistics in a pass of
