@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import numpy as np
 
@@ -53,3 +54,42 @@ def test_splits_and_windows_are_the_committed_runs():
   starts = np.random.default_rng(0).integers(0, cut - 128 - 1, 8)
   batch = ds.sample_batch(8, rng)
   np.testing.assert_array_equal(batch["inputs"][:, 0], ds.train[starts])
+
+
+def test_long_plan_centres_each_grid_on_the_short_runs_best_lr():
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      "benchmarks", "results", "convergence.json")
+  with open(path) as f:
+    short = json.load(f)
+  plan = convergence.long_plan(short, "results/convergence.md")
+  assert plan["shape"]["tiny"]["steps"] == 1000 and plan["reference"]["steps"] == 200
+  ladder = convergence_plan.LR_LADDER
+  for model, datasets, opts in plan["suites"]:
+    for dataset in datasets:
+      for opt in opts:
+        # The short runs' best lr, recomputed here from seed 0's grid.
+        seed0 = {r["lr"]: r["final_val_loss"] for r in short["runs"].values()
+                 if (r["model"], r["dataset"], r["optimizer"], r["seed"], r["steps"])
+                 == (model, dataset, opt, 0, 200) and not r["foam"]}
+        best = min(seed0, key=seed0.get)
+        i = min(range(len(ladder)), key=lambda k: abs(math.log(ladder[k] / best)))
+        assert plan["lrs"][f"{model}/{dataset}/{opt}"] == list(ladder[i - 1:i + 2])
+        kept = plan["reference"]["suites"][f"{model}/{dataset}"][opt]
+        finals = [r["final_val_loss"] for r in short["runs"].values()
+                  if (r["model"], r["dataset"], r["optimizer"], r["lr"], r["steps"])
+                  == (model, dataset, opt, best, 200) and not r["foam"]]
+        assert kept["lr"] == best and kept["seeds"] == len(finals) == 3
+        assert math.isclose(kept["mean"], float(np.mean(finals)), rel_tol=1e-12)
+
+
+def test_ranking_says_whether_the_short_ranking_holds():
+  from benchmarks import convergence_report
+  reference = {"steps": 200, "suites": {"tiny/x": {
+      "a": {"lr": 1e-3, "mean": 2.0, "sd": 0.1}, "b": {"lr": 1e-2, "mean": 1.5, "sd": 0.1}}}}
+  suite = lambda la, lb: {"model": "tiny", "dataset": "x", "rows": [
+      {"optimizer": "a", "seeds": [1], "lr": 1e-3, "mean": la, "sd": 0.0},
+      {"optimizer": "b", "seeds": [1], "lr": 3e-3, "mean": lb, "sd": 0.0}]}
+  held = "\n".join(convergence_report._ranking_lines(suite(1.2, 1.0), reference))
+  assert "ranking holds (b < a)" in held
+  flipped = "\n".join(convergence_report._ranking_lines(suite(1.0, 1.2), reference))
+  assert "does not hold: b < a at 200 steps, a < b here" in flipped

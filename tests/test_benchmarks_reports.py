@@ -19,7 +19,8 @@ def _read(name):
 
 
 @pytest.mark.parametrize("name", ["step_time", "step_time_run1", "step_time_run2",
-                                  "step_time_run3", "step_time_bf16_stored"])
+                                  "step_time_run3", "step_time_bf16_stored",
+                                  "step_time_int8_mini"])
 def test_step_time_reports_render_from_their_json(name):
   results = json.loads(_read(name + ".json"))
   assert step_time_report.render(results) == _read(name + ".md")
