@@ -30,9 +30,12 @@ def test_memory_report_renders_from_its_json():
   assert memory_report.render(json.loads(_read("memory.json"))) == _read("memory.md")
 
 
-def test_convergence_report_renders_from_its_json(tmp_path):
-  convergence_report.write_report(json.loads(_read("convergence.json")), str(tmp_path))
-  assert (tmp_path / "convergence.md").read_text() == _read("convergence.md")
+@pytest.mark.parametrize("folder", ["", "long_horizon"])
+def test_convergence_report_renders_from_its_json(tmp_path, folder):
+  data = json.loads(_read(os.path.join(folder, "convergence.json")))
+  convergence_report.write_report(data, str(tmp_path))
+  assert (tmp_path / "convergence.md").read_text() == _read(
+      os.path.join(folder, "convergence.md"))
 
 
 def test_old_optimizer_names_render_as_the_registry_spells_them():

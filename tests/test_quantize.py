@@ -19,7 +19,6 @@ from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from reference import LeafRule
-from reference import np_unfold
 from reference import NumpyFoam
 
 import foam_jax
