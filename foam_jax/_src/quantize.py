@@ -96,8 +96,9 @@ class QuantizedMoment(NamedTuple):
 
   Attributes:
     codes: ``int8`` codes, the moment's shape.
-    scales: ``float32`` block maxima, the moment's rank with the last axis
-      shrunk to ``ceil(n / B)``.
+    scales: ``float32`` block scales (each at least its block's largest
+      magnitude), the moment's rank with the last axis shrunk to
+      ``ceil(n / B)``.
 
   This class holds a second moment (unsigned, zero-free code); its subclass
   :class:`SignedQuantizedMoment` holds a first moment. The code is thus
