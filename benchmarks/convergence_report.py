@@ -158,7 +158,7 @@ def _ranking_lines(suite, reference) -> list[str]:
     return []
   rank = lambda rows: {o: i + 1 for i, o in enumerate(sorted(rows, key=rows.get))}
   long_means = {r["optimizer"]: r["mean"] for r in done}
-  short_means = {o: short[o]["mean"] for o in long_means if o in short}
+  short_means = {o: short[o]["mean"] for o in long_means}
   long_rank, short_rank = rank(long_means), rank(short_means)
   steps = reference["steps"]
   lines = [f"### Ranking: {steps} steps against this horizon", "",
@@ -166,16 +166,13 @@ def _ranking_lines(suite, reference) -> list[str]:
            f"rank | lr here | final val loss here | rank |",
            "|---|---|---|---|---|---|---|"]
   for r in sorted(done, key=lambda r: long_rank[r["optimizer"]]):
-    o, s0 = r["optimizer"], short.get(r["optimizer"])
+    o, s0 = r["optimizer"], short[r["optimizer"]]  # long_plan kept every one.
     lines.append(
         f"| {o} | {s0['lr']:g} | {s0['mean']:.3f} +- {s0['sd']:.3f} | "
         f"{short_rank[o]} | {r['lr']:g} | {r['mean']:.3f} +- {r['sd']:.3f} | "
-        f"{long_rank[o]} |" if s0 else
-        f"| {o} | - | - | - | {r['lr']:g} | {r['mean']:.3f} +- {r['sd']:.3f} | "
         f"{long_rank[o]} |")
-  same = [o for o in long_rank if o in short_rank]
-  held = sorted(same, key=short_rank.get) == sorted(same, key=long_rank.get)
-  order = lambda rk: " < ".join(sorted(same, key=rk.get))
+  held = sorted(short_rank, key=short_rank.get) == sorted(long_rank, key=long_rank.get)
+  order = lambda rk: " < ".join(sorted(rk, key=rk.get))
   lines += ["", (f"The {steps}-step ranking holds ({order(long_rank)})." if held else
                  f"The {steps}-step ranking does not hold: {order(short_rank)} "
                  f"at {steps} steps, {order(long_rank)} here."),

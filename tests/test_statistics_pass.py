@@ -45,6 +45,9 @@ def test_needs_statistics_pass_rule():
   assert moment.needs_statistics_pass(jnp.bfloat16, (64, 8), geom(0, 6))
   assert moment.needs_statistics_pass(jnp.float32, (8, 64), geom(1, 6))
   assert moment.needs_statistics_pass(jnp.float32, (128, 8), geom(0, 6))
+  # 8-bit moments: every folded leaf, never one that is not folded.
+  assert moment.needs_statistics_pass(jnp.float32, (64, 8), geom(0, 2), quantized=True)
+  assert not moment.needs_statistics_pass(jnp.float32, (64, 8), None, quantized=True)
 
 
 def test_off_by_default_with_several_devices():

@@ -126,8 +126,8 @@ FUSED_MAX_BLOCK = 8
 STATISTICS_PASS: bool | None = None
 
 
-def needs_statistics_pass(dtype, shape: tuple[int, ...], geom: Geometry | None
-                          ) -> bool:
+def needs_statistics_pass(dtype, shape: tuple[int, ...], geom: Geometry | None,
+                          quantized: bool = False) -> bool:
   """Whether a leaf's block statistics get a pass of their own on XLA:CPU.
 
   The fused form recomputes each entry's block mean inside the update loop
@@ -138,7 +138,9 @@ def needs_statistics_pass(dtype, shape: tuple[int, ...], geom: Geometry | None
   costs more than a pass (``benchmarks/results/perf-notes.md``). One block
   spanning a whole axis other than the last (FOAM-Mini) of a 32-bit
   gradient stays fused: XLA computes it as a reduction, 0.71x AdamW's step
-  at 49M float32 params against 0.90x with the pass.
+  at 49M float32 params against 0.90x with the pass. Every folded leaf
+  whose moments are ``quantized`` (8 bits) takes the pass: its block maxima
+  and codes read the statistics again.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -151,6 +153,8 @@ def needs_statistics_pass(dtype, shape: tuple[int, ...], geom: Geometry | None
   """
   if geom is None or geom.level == 0:
     return False
+  if quantized:
+    return True
   block = folding.block_size(shape[geom.axis], geom.level)
   minor = geom.axis == len(shape) - 1
   wide = jnp.dtype(dtype).itemsize >= 4
@@ -235,8 +239,6 @@ class FoldedGradient:
   elementwise work that XLA fuses into one pass over the gradient.
 
   With a ``gate`` (XLA:CPU) and where :func:`needs_statistics_pass` says so,
-  or for every folded leaf whose moments are ``quantized`` (8 bits: their
-  block maxima and codes read the statistics again),
   :math:`F(g)` and :math:`F(|g|^2)` are computed in one pass of their own
   and read back as arrays; a leaf folded along its last axis then works on
   the gradient itself (:math:`U` a broadcast along that axis), which XLA:CPU
@@ -254,8 +256,8 @@ class FoldedGradient:
       than the rest is averaged over its true length).
     compute_dtype: the dtype ``g`` is read in (default: its own).
     gate: :func:`gate_after`'s predicate; ``None`` keeps the fused form.
-    quantized: the leaf's moments are stored in 8 bits: with a ``gate``,
-      its statistics get their own pass.
+    quantized: the leaf's moments are stored in 8 bits
+      (:func:`needs_statistics_pass`).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -284,7 +286,7 @@ class FoldedGradient:
     axis, level = geom
     self._counts = folding.folded_counts(
         self.length, level, g.ndim, axis, count_dtype or real_dtype(compute))
-    if gate is None or not (quantized or needs_statistics_pass(g.dtype, g.shape, geom)):
+    if gate is None or not needs_statistics_pass(g.dtype, g.shape, geom, quantized):
       self.blocks = folding.to_blocks(g.astype(compute), axis, level)
       # Block sums as slices + adds (folding.block_sums): elementwise work
       # that fuses into the consumers, no separate reduction pass.
@@ -349,8 +351,7 @@ class FoldedGradient:
 
 def _zero_after(x: jax.Array, like: Any) -> jax.Array:
   """A ``0`` that XLA computes from ``x``: orders a write after ``x``'s reads."""
-  first = x.reshape(-1)[:1]
-  return jnp.isnan(first[0]).astype(jnp.asarray(like).dtype) if first.size else 0
+  return jnp.isnan(x.reshape(-1)[0]).astype(jnp.asarray(like).dtype) if x.size else 0
 
 
 class EmaStep(NamedTuple):
