@@ -433,7 +433,9 @@ def ema(moment: jax.Array | quantize.QuantizedMoment, target: jax.Array,
     stored = new.astype(moment.dtype)
     return EmaStep(stored.astype(compute_dtype or stored.dtype), lambda after=None: stored)
   if target_max is None:
-    target_max = quantize.block_max(target, moment.block)
+    target_max = quantize.block_max(
+        target, moment.block,
+        nonnegative=not isinstance(moment, quantize.SignedQuantizedMoment))
   scale = decay * moment.scales + (1.0 - decay) * target_max
 
   def store(after=None):

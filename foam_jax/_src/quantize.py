@@ -269,8 +269,9 @@ def _unblocked(x: jax.Array, n: int) -> jax.Array:
 def _hash(shape: tuple[int, ...], step: Any, salt: int) -> jax.Array:
   """Uniform ``uint32`` bits from a hash of (index, step, salt).
 
-  murmur3's 32-bit finalizer over the flat index mixed with the step:
-  elementwise integer ops, reproducible, no key to carry.
+  murmur3's 32-bit finalizer over the flat index offset by a per-step seed:
+  elementwise integer ops (two multiplies per entry), reproducible, no key
+  to carry.
   """
   idx = jnp.zeros(shape, jnp.uint32)
   stride = 1
@@ -278,9 +279,9 @@ def _hash(shape: tuple[int, ...], step: Any, salt: int) -> jax.Array:
     idx = idx + jax.lax.broadcasted_iota(jnp.uint32, shape, d) * np.uint32(
         stride % 2**32)
     stride *= shape[d]
-  step = jnp.asarray(step).astype(jnp.uint32)
-  h = idx * np.uint32(0x9E3779B1) + step * np.uint32(0x85EBCA77) + np.uint32(
+  seed = jnp.asarray(step).astype(jnp.uint32) * np.uint32(0x9E3779B1) + np.uint32(
       salt)
+  h = idx + seed
   h = h ^ (h >> 16)
   h = h * np.uint32(0x85EBCA6B)
   h = h ^ (h >> 13)
@@ -327,10 +328,15 @@ def _ratio_of(k: jax.Array, mant_bits: int, top: int) -> jax.Array:
   return jnp.where(k == 0, 0.0, ratio)
 
 
-def block_max(x: jax.Array, block: int) -> jax.Array:
+def block_max(x: jax.Array, block: int, *, nonnegative: bool = False
+              ) -> jax.Array:
   """``max |x|`` over each block of ``block`` entries of the last axis.
 
   The result has the shape of a :class:`QuantizedMoment`'s scales for ``x``.
+  Computed as ``max(max x, -min x)`` (``max x`` alone if ``nonnegative``):
+  plain reductions of ``x``, which XLA:CPU runs at memory speed, where a
+  reduction of ``|x|`` is fused with the ``abs`` and runs 2.5x slower
+  (``benchmarks/results/perf-notes.md``).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -339,7 +345,10 @@ def block_max(x: jax.Array, block: int) -> jax.Array:
   """
   shape = tuple(x.shape)
   xb = _blocked(x.astype(jnp.float32).reshape(shape or (1,)), block)
-  return jnp.max(jnp.abs(xb), axis=-1).reshape(_scales_shape(shape, block))
+  top = jnp.max(xb, axis=-1)
+  if not nonnegative:
+    top = jnp.maximum(top, -jnp.min(xb, axis=-1))
+  return top.reshape(_scales_shape(shape, block))
 
 
 def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None, *,
@@ -378,9 +387,10 @@ def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None, *,
     scale = scale.astype(jnp.float32).reshape(xb.shape[:-1] + (1,))
   tiny = np.float32(np.finfo(np.float32).tiny)
   big = np.float32(np.finfo(np.float32).max)
-  scale = jnp.minimum(scale, big)
-  scale = jnp.where(scale < tiny, 0.0, scale)  # Zero and denormal blocks.
-  inv = jnp.where(scale > 0, 1.0 / jnp.where(scale > 0, scale, 1.0), 0.0)
+  scale = jnp.where(scale < tiny, 0.0, jnp.minimum(scale, big))  # Zero, denormal.
+  # The loop over entries reads 1 / scale only (0 for a zero block): one
+  # value per block, computed once (a divide XLA does not recompute per entry).
+  inv = 1.0 / jnp.where(scale > 0, scale, np.float32(np.inf))
   ratio = jnp.minimum(mag * inv, 1.0)
   mant_bits, top = (MANT_MU, _TOP_MU) if signed else (MANT_NU, _TOP_NU)
   shift = 23 - mant_bits
