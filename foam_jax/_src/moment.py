@@ -357,16 +357,26 @@ def _zero_after(x: jax.Array, like: Any) -> jax.Array:
 class EmaStep(NamedTuple):
   """One :func:`ema` step: ``read`` for the update, ``store(after)`` to keep.
 
-  ``store(after)`` returns the moment in its storage form. For 8 bits
-  with an ``after`` (the leaf's update, which reads the old codes), the new
-  codes are computed from a no-op ``0`` derived from its first entry: that
-  dependency orders the writes, so XLA:CPU does not keep every leaf's old
-  and new codes alive at once (compiled peak of a bf16 7B train step: the
-  int8 saving kept per layer rises from 35 % to 99 %). The price: XLA
-  writes the update to a buffer of its own and reads it back (at 49M
-  float32 params, 2.6x AdamW's step against 1.9x without the order). Pass
-  ``after`` only where :func:`schedules_by_hand` (one device: reading an
-  entry of a sharded leaf would be a collective).
+  ``store(after)`` returns the moment in its storage form. The update reads
+  an 8-bit moment's new value before requantization, so its loop reads the
+  old codes, which the requantization overwrites in place; XLA:CPU then
+  copies every leaf's old codes first and keeps them to the end of the step
+  (the whole int8 state again). Two ways out, for the two kinds of leaf:
+
+  * a folded leaf (``ema(gate=...)``) computes its new moments behind a
+    conditional, into float32 buffers at the folded size that the update
+    and the codes read: the codes' loop is then the only reader of the old
+    codes;
+  * a leaf that is not folded would need such buffers at the parameter's
+    size, so instead its codes are computed from a no-op ``0`` derived from
+    ``after`` (the leaf's update): that dependency orders the writes after
+    the update's reads, at the price of writing the update to a buffer of
+    its own.
+
+  Either keeps the int8 saving in the compiled peak of a bf16 7B train step
+  (99 % per layer, ``benchmarks/results/memory.md``). Pass ``after`` only
+  where :func:`schedules_by_hand` (one device: reading an entry of a
+  sharded leaf would be a collective).
   """
 
   read: jax.Array
@@ -375,8 +385,8 @@ class EmaStep(NamedTuple):
 
 def ema(moment: jax.Array | quantize.QuantizedMoment, target: jax.Array,
         decay: Any, compute_dtype=None, *, optax_order: bool = False,
-        step: Any = None, target_max: jax.Array | None = None
-        ) -> EmaStep:
+        step: Any = None, target_max: jax.Array | None = None,
+        gate: jax.Array | None = None) -> EmaStep:
   r"""``decay * moment + (1 - decay) * target``: the moment to store and to read.
 
   A float moment is rounded to its storage dtype, and the update reads it
@@ -408,6 +418,9 @@ def ema(moment: jax.Array | quantize.QuantizedMoment, target: jax.Array,
     target_max: an 8-bit moment's ``max |target|`` per quantization block
       (:func:`~foam_jax._src.quantize.block_max`), when the caller has it
       more cheaply; default: computed from ``target``.
+    gate: for an 8-bit folded moment on XLA:CPU, :func:`gate_after`'s
+      predicate: the new float32 moment is computed behind a conditional on
+      it (see :class:`EmaStep`); ``None``: fused into its readers.
 
   Returns:
     An :class:`EmaStep`: ``read``, the value the update reads (in
@@ -421,14 +434,21 @@ def ema(moment: jax.Array | quantize.QuantizedMoment, target: jax.Array,
     Array([0.5, 1. ], dtype=float32)
   """
   quantized = isinstance(moment, quantize.QuantizedMoment)
-  if quantized:
-    m = moment.astype(compute_dtype or jnp.float32)
+
+  def average(moment, target):
+    if quantized:
+      m = moment.astype(compute_dtype or jnp.float32)
+    else:
+      m = moment if compute_dtype is None else moment.astype(compute_dtype)
+    if optax_order:
+      return (1.0 - decay) * target + decay * m
+    return decay * m + (1.0 - decay) * target
+
+  if quantized and gate is not None:
+    # Both branches compute it: the gate is always true.
+    new = jax.lax.cond(gate, average, average, moment, target)
   else:
-    m = moment if compute_dtype is None else moment.astype(compute_dtype)
-  if optax_order:
-    new = (1.0 - decay) * target + decay * m
-  else:
-    new = decay * m + (1.0 - decay) * target
+    new = average(moment, target)
   if not quantized:
     stored = new.astype(moment.dtype)
     return EmaStep(stored.astype(compute_dtype or stored.dtype), lambda after=None: stored)

@@ -218,11 +218,14 @@ def scale_by_foam(
       # overwrite low-precision states in place instead of keeping float32
       # copies. 8-bit moments are read before requantization (moment.ema).
       mu_max, nu_max = moment.gradient_maxima(fg.mean, geom, mu, nu)
-      mu_step = moment.ema(mu, fg.mean, b1, compute, step=count, target_max=mu_max)
-      nu_step = moment.ema(nu, g_sq_mean, b2, real, step=count, target_max=nu_max)
+      folded_gate = None if geom is None else gate
+      mu_step = moment.ema(mu, fg.mean, b1, compute, step=count,
+                           target_max=mu_max, gate=folded_gate)
+      nu_step = moment.ema(nu, g_sq_mean, b2, real, step=count,
+                           target_max=nu_max, gate=folded_gate)
       u_blocks = direction(fg.read(mu_step.read), fg.read_energy(nu_step.read),
                            fg.blocks, 1.0 if geom is None else alpha)
-      after = u_blocks if gates.active else None
+      after = u_blocks if gates.active and geom is None else None
       mu_new, nu_new = mu_step.store(after), nu_step.store(after)
       gates.done(mu_new)
       return fg.unblock(u_blocks).astype(out_dtype), mu_new, nu_new
