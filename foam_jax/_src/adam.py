@@ -120,8 +120,6 @@ def scale_by_folded_adam(
     specs = specs_lib.resolve_fold_specs(updates, fold_spec, fold_level)
     count = optax.safe_increment(state.count)
 
-    ordered = moment.schedules_by_hand()
-
     def read(spec, g, mu, nu):
       """New folded moments and their read-backs ``M``, ``V``, whole."""
       if isinstance(g, optax.MaskedNode):
@@ -139,8 +137,7 @@ def scale_by_folded_adam(
                            optax_order=True, step=count, target_max=nu_max)
       m = fg.unblock(fg.read(mu_step.read))
       v = fg.unblock(fg.read_energy(nu_step.read))
-      after = m if ordered else None
-      mu_new, nu_new = mu_step.store(after), nu_step.store(after)
+      mu_new, nu_new = mu_step.store(m), nu_step.store(m)
       return m, v, 1.0 if geom is None else alpha, mu_new, nu_new
 
     m, v, scale, mu, nu = moment.map_leaves(

@@ -128,8 +128,6 @@ def scale_by_folded_lion(
     del params
     specs = specs_lib.resolve_fold_specs(updates, fold_spec, fold_level)
 
-    ordered = moment.schedules_by_hand()
-
     def leaf_update(spec, g, mu):
       if isinstance(g, optax.MaskedNode):
         return g, mu
@@ -140,7 +138,7 @@ def scale_by_folded_lion(
       # The read uses the momentum before this step's update, as Lion does.
       u = squash((1.0 - b1) * fg.blocks + b1 * fg.read(mu.astype(compute)))
       mu_new = moment.ema(mu, fg.mean, b2, compute, optax_order=True,
-                          step=state.count).store(u if ordered else None)
+                          step=state.count).store(u)
       return fg.unblock(u).astype(g.dtype), mu_new
 
     updates, mu = moment.map_leaves(leaf_update, specs, updates, state.mu,

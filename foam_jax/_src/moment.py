@@ -374,9 +374,10 @@ class EmaStep(NamedTuple):
     its own.
 
   Either keeps the int8 saving in the compiled peak of a bf16 7B train step
-  (99 % per layer, ``benchmarks/results/memory.md``). Pass ``after`` only
-  where :func:`schedules_by_hand` (one device: reading an entry of a
-  sharded leaf would be a collective).
+  (99 % per layer, ``benchmarks/results/memory.md``). ``store`` orders the
+  writes only where :func:`schedules_by_hand` (one device: reading an entry
+  of a sharded leaf would be a collective) and the moment was not computed
+  behind a gate, so callers pass ``after`` unconditionally.
   """
 
   read: jax.Array
@@ -458,8 +459,10 @@ def ema(moment: jax.Array | quantize.QuantizedMoment, target: jax.Array,
         nonnegative=not isinstance(moment, quantize.SignedQuantizedMoment))
   scale = decay * moment.scales + (1.0 - decay) * target_max
 
+  ordered = gate is None and step is not None and schedules_by_hand()
+
   def store(after=None):
-    seed = step if after is None or step is None else step + _zero_after(after, step)
+    seed = step + _zero_after(after, step) if ordered and after is not None else step
     return quantize.quantize(new, moment, seed, scale=scale)
 
   return EmaStep(new, store)

@@ -205,8 +205,6 @@ def scale_by_folded_muon(
                               is_leaf=specs_lib.is_spec_leaf)
     count = optax.safe_increment(state.count)
 
-    ordered = moment.schedules_by_hand()
-
     def read(spec, g, mu):
       """The new folded momentum and its read-back ``U m + c R``, whole."""
       if isinstance(g, optax.MaskedNode):
@@ -217,7 +215,7 @@ def scale_by_folded_muon(
           residual_scale=residual_scale)
       mu_step = moment.ema(mu, fg.mean, beta, compute, optax_order=True, step=count)
       m = fg.unblock(fg.read(mu_step.read))
-      return m, fg.unblock(fg.blocks), mu_step.store(m if ordered else None)
+      return m, fg.unblock(fg.blocks), mu_step.store(m)
 
     m, g, mu = moment.map_leaves(read, specs, updates, state.mu, outputs=3)
     # From here on, Optax's scale_by_muon on the read-back momentum, tree by

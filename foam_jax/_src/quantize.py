@@ -382,9 +382,8 @@ def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None, *,
   xb = _blocked(x1, block)                    # (.., nb, B)
   mag = jnp.abs(xb) if signed else jnp.maximum(xb, 0.0)
   if scale is None:
-    scale = jnp.max(mag, axis=-1, keepdims=True)
-  else:
-    scale = scale.astype(jnp.float32).reshape(xb.shape[:-1] + (1,))
+    scale = block_max(x1, block, nonnegative=not signed)
+  scale = scale.astype(jnp.float32).reshape(xb.shape[:-1] + (1,))
   tiny = np.float32(np.finfo(np.float32).tiny)
   big = np.float32(np.finfo(np.float32).max)
   scale = jnp.where(scale < tiny, 0.0, jnp.minimum(scale, big))  # Zero, denormal.

@@ -225,8 +225,7 @@ def scale_by_foam(
                            target_max=nu_max, gate=folded_gate)
       u_blocks = direction(fg.read(mu_step.read), fg.read_energy(nu_step.read),
                            fg.blocks, 1.0 if geom is None else alpha)
-      after = u_blocks if gates.active and geom is None else None
-      mu_new, nu_new = mu_step.store(after), nu_step.store(after)
+      mu_new, nu_new = mu_step.store(u_blocks), nu_step.store(u_blocks)
       gates.done(mu_new)
       return fg.unblock(u_blocks).astype(out_dtype), mu_new, nu_new
 
