@@ -60,12 +60,15 @@ CANDIDATES = {
   "log r_m=6 r_v=12 B=256": (log_map(True, 6), log_map(False, 12), False, 256),
   "log r_m=4 r_v=8 B=2048": (log_map(True, 4), log_map(False, 8), False, 2048),
 }
-def float_map(signed):
-  b, top = (2, 127) if signed else (3, 255)
-  g = np.array(sorted({2.0**e * (1 + j / 2**b) for e in range(-40, 1) for j in range(2**b)}))
+def float_map(signed, b):
+  """The float code: ``b`` mantissa bits, the top 127 (signed) or 255 values."""
+  top = 127 if signed else 255
+  g = np.array(sorted({2.0**e * (1 + j / 2**b) for e in range(-80, 1) for j in range(2**b)}))
   g = g[g <= 1.0][-top:]
   return np.unique(np.concatenate([[0.0], g, -g if signed else []]))
-CANDIDATES["float code b=2/b=3 B=256 (shipped)"] = (float_map(True), float_map(False), False, 256)
+CANDIDATES["float code b=2/b=3 B=256 (before)"] = (float_map(True, 2), float_map(False, 3), False, 256)
+CANDIDATES["float code b=3/b=3 B=256 (shipped)"] = (float_map(True, 3), float_map(False, 3), False, 256)
+CANDIDATES["float code b=4/b=3 B=256"] = (float_map(True, 4), float_map(False, 3), False, 256)
 import sys
 
 if len(sys.argv) > 1:

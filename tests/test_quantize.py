@@ -27,20 +27,21 @@ from foam_jax._src.hlo import COLLECTIVES
 from foam_jax._src.hlo import count_collectives
 
 
-def _np_code_values(scale, signed):
+def _np_code_values(scale, signed, b=3):
   """float64 code values, built from the docstring's definition: the 255
   (second moment) or 127 (first) largest numbers 2^e (1 + j / 2^b) <= 1,
-  b = 3 or 2 mantissa bits, times the block's scale."""
-  b, top = (2, 127) if signed else (3, 255)
+  b = 3 mantissa bits (2 in the first moment's code before), times the
+  block's scale."""
+  top = 127 if signed else 255
   grid = np.array(sorted({2.0**e * (1 + j / 2**b)
-                          for e in range(-40, 1) for j in range(2**b)}))
+                          for e in range(-80, 1) for j in range(2**b)}))
   grid = grid[grid <= 1.0][-top:]
   return scale * grid
 
 
 # Largest relative gap between neighbouring code values: 2^-b.
 GAP_NU = 1 / 8
-GAP_MU = 1 / 4
+GAP_MU = 1 / 8
 SMALLEST_NU = _np_code_values(1.0, False)[0]  # Of the block maximum.
 SMALLEST_MU = _np_code_values(1.0, True)[0]
 
@@ -69,7 +70,7 @@ def test_nearest_rounding_picks_a_neighbouring_code_value(signed):
       xs = x[row, b * 256:(b + 1) * 256]
       ys = y[row, b * 256:(b + 1) * 256]
       scale = np.abs(xs).max()
-      np.testing.assert_allclose(float(q.scales[row, b]), scale, rtol=1e-6)
+      np.testing.assert_allclose(float(q.bounds[row, b]), scale, rtol=1e-6)
       values = _np_code_values(scale, signed)
       # Every stored value is one of the code's values (or 0), with x's sign.
       mags = np.abs(ys)
@@ -113,7 +114,49 @@ def test_stochastic_rounding_is_unbiased(signed):
   # Bernoulli between neighbours a < x < b: sd of one draw <= (b - a) / 2.
   sd = gap * x / 2 / np.sqrt(steps)
   ok = np.abs(mean - x) <= 4 * sd + 1e-7 * x
-  assert ok[0, 1:][x[0, 1:] > 1e-5].mean() > 0.99
+  smallest = SMALLEST_MU if signed else SMALLEST_NU
+  assert ok[0, 1:][x[0, 1:] >= smallest].mean() > 0.99
+
+
+def test_first_moment_written_in_the_code_before_reads_and_trains_on():
+  """Non-negative scales mark the first moment's 2-bit code of int8 states
+  written before the 3-bit one: such a state (a checkpoint) decodes to that
+  code's values, a step from it equals a step from float32 moments holding
+  them, and the step rewrites it in the current code (negative scales)."""
+  rng = np.random.default_rng(7)
+  k = rng.integers(-127, 128, size=(4, 512))
+  scale = 10.0 ** rng.uniform(-3, 0, (4, 2))
+
+  def values(b):
+    grid = np.concatenate([[0.0], _np_code_values(1.0, True, b=b)])
+    return np.sign(k) * grid[np.abs(k)] * np.repeat(scale, 256, axis=1)
+
+  old = quantize.SignedQuantizedMoment(jnp.asarray(k, jnp.int8),
+                                       jnp.asarray(scale, jnp.float32))
+  np.testing.assert_allclose(quantize.dequantize(old), values(2), rtol=1e-6)
+  current = old._replace(scales=-old.scales)
+  np.testing.assert_allclose(quantize.dequantize(current), values(3), rtol=1e-6)
+  assert np.abs(values(2) - values(3)).max() > 0  # The codes differ.
+
+  params = {"w": jnp.zeros((4, 512))}
+  g = {"w": jnp.asarray(rng.standard_normal((4, 512)) * 1e-2, jnp.float32)}
+  int8_tx = foam_jax.scale_by_foam(mu_dtype=jnp.int8, fold_level=0)
+  float_tx = foam_jax.scale_by_foam(fold_level=0)
+  state = int8_tx.init(params)._replace(mu={"w": old})
+  float_state = float_tx.init(params)._replace(
+      mu={"w": jnp.asarray(values(2), jnp.float32)})
+  updates, state = int8_tx.update(g, state)
+  want, _ = float_tx.update(g, float_state)
+  np.testing.assert_allclose(updates["w"], want["w"], rtol=1e-5)  # float32 ulps.
+  assert np.signbit(np.asarray(state.mu["w"].scales)).all()
+
+
+def test_first_moment_scales_carry_the_sign_mark_even_for_zero_blocks():
+  q = quantize.quantize(jnp.zeros((2, 512)).at[0, :256].set(0.5),
+                        quantize.zeros((2, 512), None, signed=True))
+  assert np.signbit(np.asarray(q.scales)).all()
+  np.testing.assert_array_equal(q.bounds, [[0.5, 0.0], [0.0, 0.0]])
+  np.testing.assert_array_equal(quantize.dequantize(q)[1], 0.0)
 
 
 def test_second_moment_decays_under_zero_gradients():
@@ -195,8 +238,8 @@ def test_update_reads_the_new_moments_and_stores_them_within_the_code_error():
     gk = np.asarray(g[k], np.float64)
     targets[k] = ((gk, gk**2) if k == "b" else
                   (gk.reshape(16, 4, -1).mean(1), (gk**2).reshape(16, 4, -1).mean(1)))
-  old_scales = {k: (np.asarray(state.mu[k].scales, np.float64),
-                    np.asarray(state.nu[k].scales, np.float64)) for k in shapes}
+  old_scales = {k: (np.asarray(state.mu[k].bounds, np.float64),
+                    np.asarray(state.nu[k].bounds, np.float64)) for k in shapes}
   updates, new = step(g, state)
   for k in shapes:
     want = ref.direction(k, np.asarray(g[k]))  # Also sets ref.m, ref.v to m', v'.
@@ -205,7 +248,7 @@ def test_update_reads_the_new_moments_and_stores_them_within_the_code_error():
     for q, x, (decay, gap, smallest), target, s_old in (
         (new.mu[k], ref.m[k], (0.9, GAP_MU, SMALLEST_MU), targets[k][0], old_scales[k][0]),
         (new.nu[k], ref.v[k], (0.99, GAP_NU, SMALLEST_NU), targets[k][1], old_scales[k][1])):
-      s_new = np.asarray(q.scales, np.float64)
+      s_new = np.asarray(q.bounds, np.float64)
       np.testing.assert_allclose(s_new, decay * s_old + (1 - decay) * _np_blocks_max(target),
                                  rtol=1e-6)
       assert (s_new >= _np_blocks_max(x) * (1 - 1e-6)).all()

@@ -457,7 +457,7 @@ def ema(moment: jax.Array | quantize.QuantizedMoment, target: jax.Array,
     target_max = quantize.block_max(
         target, moment.block,
         nonnegative=not isinstance(moment, quantize.SignedQuantizedMoment))
-  scale = decay * moment.scales + (1.0 - decay) * target_max
+  scale = decay * moment.bounds + (1.0 - decay) * target_max
 
   ordered = gate is None and step is not None and schedules_by_hand()
 

@@ -14,26 +14,32 @@ The code is a small float per block: with a scale :math:`s \ge \max_b |x|`
 (the block maximum, or during training the bound that
 ``moment.ema`` carries from step to step, which needs no second pass over
 the new moment), an entry is stored as float32's exponent and its top
-mantissa bits of :math:`|x| / s \in [0, 1]`, offset so that :math:`1.0` is
+3 mantissa bits of :math:`|x| / s \in [0, 1]`, offset so that :math:`1.0` is
 the top code:
 
 .. math::
 
   \text{second moment } (x \ge 0):\ & q \in \{0, 1..255\},\
-    3 \text{ mantissa bits},\ \text{gap } 2^{-3} \\
+    \text{32 binades below } s \\
   \text{first moment:}\ & |q| \in \{0, 1..127\},\
-    2 \text{ mantissa bits},\ \text{gap } 2^{-2}
+    \text{16 binades below } s
 
-with :math:`q = 0` meaning exactly zero. Both span 32 binades below the
-scale (smallest codes :math:`\approx 3 \cdot 10^{-10}` of it), and
-neighbouring code values differ by at most the gap *relative to the entry*,
-however far below the scale it lies (so a scale above the block maximum
-costs no precision): second moments, which span
-many decades inside one block, keep their small entries, where a linear
-(absmax) code rounds them to zero and blows up :math:`1/\sqrt{v}`. The
-second moment's code is *zero-free*: a positive entry below the smallest
-code is stored as that code, never as zero. Encoding and decoding are
-integer shifts and a bitcast: no logarithms or exponentials.
+with :math:`q = 0` meaning exactly zero and neighbouring code values at
+most :math:`2^{-3}` apart *relative to the entry*, however far below the
+scale it lies (so a scale above the block maximum costs no precision):
+second moments, which span many decades inside one block, keep their small
+entries, where a linear (absmax) code rounds them to zero and blows up
+:math:`1/\sqrt{v}`. The second moment's code is *zero-free*: a positive
+entry below the smallest code is stored as that code, never as zero.
+Encoding and decoding are integer shifts and a bitcast: no logarithms or
+exponentials.
+
+A first moment's stored scales are negative (:math:`-s`; ``-0.0`` for a
+zero block): the sign bit marks the code above. A first moment written
+before it (with 2 mantissa bits over 32 binades) has non-negative scales:
+such blocks are read in that code, so its checkpoints restore and train
+on, and every block is rewritten in the current code at the next update.
+:attr:`QuantizedMoment.bounds` is :math:`s` either way.
 
 Rounding is stochastic and unbiased in value: an entry between neighbouring
 code values :math:`a < x < b` is stored as :math:`b` with probability
@@ -78,10 +84,12 @@ __all__ = [
 BLOCK_SIZE = 256
 # Smallest block size init may fit to a shard before it refuses.
 MIN_BLOCK_SIZE = 16
-# Mantissa bits kept: second moment (unsigned, codes 1..255), first (signed,
-# magnitudes 1..127). Both span 32 binades below the block's scale.
+# Mantissa bits kept: second moment (unsigned, codes 1..255: 32 binades below
+# the block's scale), first moment (signed, magnitudes 1..127: 16 binades).
 MANT_NU = 3
-MANT_MU = 2
+MANT_MU = 3
+# The first moment's code before this version (32 binades; scales >= 0).
+MANT_MU_V1 = 2
 _TOP_NU = 255
 _TOP_MU = 127
 
@@ -97,8 +105,8 @@ class QuantizedMoment(NamedTuple):
   Attributes:
     codes: ``int8`` codes, the moment's shape.
     scales: ``float32`` block scales (each at least its block's largest
-      magnitude), the moment's rank with the last axis shrunk to
-      ``ceil(n / B)``.
+      magnitude; negated for a first moment, see the module's docstring),
+      the moment's rank with the last axis shrunk to ``ceil(n / B)``.
 
   This class holds a second moment (unsigned, zero-free code); its subclass
   :class:`SignedQuantizedMoment` holds a first moment. The code is thus
@@ -118,6 +126,11 @@ class QuantizedMoment(NamedTuple):
   def dtype(self) -> jnp.dtype:
     """``int8``: what the moment is stored in."""
     return jnp.dtype(jnp.int8)
+
+  @property
+  def bounds(self) -> jax.Array:
+    """The block scales ``s`` (``|scales|``): each block's bound on ``|x|``."""
+    return jnp.abs(self.scales)
 
   @property
   def block(self) -> int:
@@ -320,10 +333,19 @@ def _code_value(k, mant_bits: int, top: int):
   return 2.0 ** e * (1 + m / 2.0**mant_bits)
 
 
-def _ratio_of(k: jax.Array, mant_bits: int, top: int) -> jax.Array:
-  """The float32 ratio of codes ``k`` (``0`` for ``k == 0``), by bit shifts."""
+def _ratio_of(k: jax.Array, mant_bits: Any, top: int) -> jax.Array:
+  """The float32 ratio of codes ``k`` (``0`` for ``k == 0``), by bit shifts.
+
+  ``mant_bits`` is an int, or an integer array broadcasting against ``k``
+  (one code per block).
+  """
   shift = 23 - mant_bits
-  kbits = (k + ((127 << mant_bits) - top)).astype(jnp.uint32) << shift
+  offset = (127 << mant_bits) - top
+  if isinstance(mant_bits, int):
+    shift, offset = np.uint32(shift), np.int32(offset)
+  else:
+    shift, offset = shift.astype(jnp.uint32), offset.astype(jnp.int32)
+  kbits = (k + offset).astype(jnp.uint32) << shift
   ratio = jax.lax.bitcast_convert_type(kbits, jnp.float32)
   return jnp.where(k == 0, 0.0, ratio)
 
@@ -407,6 +429,8 @@ def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None, *,
     codes = (k - 128).astype(jnp.int8)
   codes = _unblocked(codes, n).reshape(shape)
   scales = scale[..., 0].reshape(_scales_shape(shape, block))
+  if signed:  # The sign bit marks the current first-moment code.
+    scales = -scales
   return type(like)(codes, scales)
 
 
@@ -433,8 +457,9 @@ def dequantize(q: QuantizedMoment) -> jax.Array:
   # Each scale broadcast over its block: a reshape, no gather.
   cb = _blocked(codes.astype(jnp.int32), block)
   s = scales[..., None]
-  if signed:
-    x = _ratio_of(jnp.abs(cb), MANT_MU, int(_TOP_MU)) * s
+  if signed:  # Per block: the current code (negative scale) or the one before.
+    mant = jnp.where(jnp.signbit(s), MANT_MU, MANT_MU_V1).astype(jnp.int32)
+    x = _ratio_of(jnp.abs(cb), mant, int(_TOP_MU)) * jnp.abs(s)
     x = jnp.where(cb < 0, -x, x)
   else:
     x = _ratio_of(cb + 128, MANT_NU, int(_TOP_NU)) * s
