@@ -47,9 +47,12 @@ code values :math:`a < x < b` is stored as :math:`b` with probability
 before truncation; the mantissa is linear within a binade). Deterministic
 rounding would freeze an EMA whose per-step change (``1 - b2 = 0.1 %``) is
 smaller than half a code step. The random bits are a hash of the entry's
-index, the step count and a salt:
-elementwise integer arithmetic that fuses with the update (no RNG state, no
-``jax.random`` key).
+index and a salt, advanced by a Weyl sequence over the steps: uniform over
+the entries at each step, evenly spread over one entry's steps, so that the
+errors a stored EMA accumulates partly cancel (earlier versions drew
+independent bits each step; the stored codes mean the same either way).
+Elementwise integer arithmetic that fuses with the update (no RNG
+state, no ``jax.random`` key).
 
 Blocks whose scale is not a normal float32 (zero, denormal) are stored as
 zero; an infinite scale is clipped to the largest float32.
@@ -280,11 +283,16 @@ def _unblocked(x: jax.Array, n: int) -> jax.Array:
 
 
 def _hash(shape: tuple[int, ...], step: Any, salt: int) -> jax.Array:
-  """Uniform ``uint32`` bits from a hash of (index, step, salt).
+  """Uniform ``uint32`` bits per entry and step: a hash of the index, then a
+  Weyl sequence over the steps.
 
-  murmur3's 32-bit finalizer over the flat index offset by a per-step seed:
-  elementwise integer ops (two multiplies per entry), reproducible, no key
-  to carry.
+  Each entry starts at murmur3's 32-bit finalizer of its flat index plus
+  ``salt`` (two multiplies per entry) and moves by ``2^32 / phi`` (the
+  golden ratio) per step: uniform over the entries at every step (so the
+  rounding is unbiased), and, for one entry, spread evenly over the steps
+  instead of independently, so the rounding errors that an EMA keeps
+  summing partly cancel (``benchmarks/results/quantizer_study.txt``).
+  Elementwise integer ops, reproducible, no key to carry.
   """
   idx = jnp.zeros(shape, jnp.uint32)
   stride = 1
@@ -292,14 +300,13 @@ def _hash(shape: tuple[int, ...], step: Any, salt: int) -> jax.Array:
     idx = idx + jax.lax.broadcasted_iota(jnp.uint32, shape, d) * np.uint32(
         stride % 2**32)
     stride *= shape[d]
-  seed = jnp.asarray(step).astype(jnp.uint32) * np.uint32(0x9E3779B1) + np.uint32(
-      salt)
-  h = idx + seed
+  h = idx + np.uint32(salt)
   h = h ^ (h >> 16)
   h = h * np.uint32(0x85EBCA6B)
   h = h ^ (h >> 13)
   h = h * np.uint32(0xC2B2AE35)
-  return h ^ (h >> 16)
+  h = h ^ (h >> 16)
+  return h + jnp.asarray(step).astype(jnp.uint32) * np.uint32(0x9E3779B9)
 
 
 def _codes_of(ratio: jax.Array, u_bits: Any, u: Any, mant_bits: int,
