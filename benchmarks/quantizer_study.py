@@ -12,8 +12,11 @@ STEPS, b1, b2, eps = 300, 0.9, 0.999, 1e-8
 def blocks(x, B):
   return x.reshape(R, C // B, B)
 
-def code_quant(x, B, values, signed, stoch, rs):
-  """Nearest (or stochastic) rounding to scale*values, scale=absmax per block."""
+def code_quant(x, B, values, signed, stoch, rs, u=None):
+  """Nearest (or stochastic) rounding to scale*values, scale=absmax per block.
+
+  Stochastic rounding draws its uniforms from ``rs``, or takes them as ``u``.
+  """
   xb = blocks(x, B)
   s = np.abs(xb).max(-1, keepdims=True)
   s = np.where(s > 0, s, 1.0)
@@ -23,7 +26,7 @@ def code_quant(x, B, values, signed, stoch, rs):
   lo, hi = vals[i - 1], vals[i]
   if stoch:
     p = (r - lo) / (hi - lo)
-    q = np.where(rs.random(r.shape) < p, hi, lo)
+    q = np.where((rs.random(r.shape) if u is None else u.reshape(r.shape)) < p, hi, lo)
   else:
     q = np.where(r - lo < hi - r, lo, hi)
   return (q * s).reshape(R, C)
@@ -74,23 +77,30 @@ import sys
 if len(sys.argv) > 1:
   CANDIDATES = {k: v for k, v in CANDIDATES.items() if k.startswith(sys.argv[1])}
 
+PHI = (np.sqrt(5) - 1) / 2
+
 def run(cand, stoch):
+  """stoch: False (nearest), True (independent uniforms every step) or
+  "weyl" (per entry, a random start advanced by the golden ratio each step)."""
   mv, vv, sq, B = cand or (None, None, None, None)
   rs = np.random.default_rng(1)
   grs = np.random.default_rng(2)
   m = np.zeros((R, C)); v = np.zeros((R, C))
   mq = np.zeros((R, C)); vq = np.zeros((R, C))
+  starts = np.random.default_rng(3)  # Its own stream: the other rows stay as they were.
+  start_m, start_v = starts.random((R, C)), starts.random((R, C))
   for t in range(STEPS):
     g = sigma * grs.standard_normal((R, C))
     m = b1 * m + (1 - b1) * g; v = b2 * v + (1 - b2) * g * g
     if cand is None:
       continue
-    mq = code_quant(b1 * mq + (1 - b1) * g, B, mv, True, stoch, rs)
+    um, uv = ((start_m + t * PHI) % 1, (start_v + t * PHI) % 1) if stoch == "weyl" else (None, None)
+    mq = code_quant(b1 * mq + (1 - b1) * g, B, mv, True, bool(stoch), rs, um)
     vn = b2 * vq + (1 - b2) * g * g
     if sq:
-      vq = code_quant(np.sqrt(vn), B, vv, False, stoch, rs) ** 2
+      vq = code_quant(np.sqrt(vn), B, vv, False, bool(stoch), rs, uv) ** 2
     else:
-      vq = code_quant(vn, B, vv, False, stoch, rs)
+      vq = code_quant(vn, B, vv, False, bool(stoch), rs, uv)
   return m, v, mq, vq
 
 def errors(m, v, mq, vq):
@@ -117,8 +127,10 @@ print("\n(a) quantize once the float64 moments after 300 steps\n" + hdr + "\n|--
 for name, cand in CANDIDATES.items():
   e = oneshot(cand, m, v)
   print(f"| {name} | {e[0]:.3g} | {e[1]:.3g} | {e[2]:.3g} | {e[3]:.3g} | {e[4]:.3g} | {e[5]:.3g} |")
-for stoch in (False, True):
-  print(f"\n(b) quantized every step for 300 steps, {'stochastic' if stoch else 'nearest'} rounding\n" + hdr + "\n|---|---|---|---|---|---|---|")
+ROUNDING = {False: "nearest rounding", True: "stochastic rounding",
+            "weyl": "stochastic rounding, per-entry Weyl sequence (shipped)"}
+for stoch in (False, True, "weyl"):
+  print(f"\n(b) quantized every step for 300 steps, {ROUNDING[stoch]}\n" + hdr + "\n|---|---|---|---|---|---|---|")
   for name, cand in CANDIDATES.items():
     e = errors(*run(cand, stoch))
     print(f"| {name} | {e[0]:.3g} | {e[1]:.3g} | {e[2]:.3g} | {e[3]:.3g} | {e[4]:.3g} | {e[5]:.3g} |", flush=True)
