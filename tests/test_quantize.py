@@ -118,6 +118,22 @@ def test_stochastic_rounding_is_unbiased(signed):
   assert ok[0, 1:][x[0, 1:] >= smallest].mean() > 0.99
 
 
+def test_rounding_bits_are_uniform_over_entries_and_evenly_spread_over_steps():
+  """At one step the bits are uniform over the entries (unbiased rounding);
+  over one entry's steps they follow a Weyl sequence, whose N points leave
+  no gap wider than about 2 / N on the circle (independent draws: about
+  log(N) / N)."""
+  u = lambda step: np.asarray(quantize._hash((64, 64), step, 0x1B873593),
+                              np.float64) / 2**32
+  counts, _ = np.histogram(u(7), bins=16, range=(0, 1))
+  assert np.abs(counts / (4096 / 16) - 1).max() < 0.25
+  steps = 144
+  series = np.stack([u(t).ravel()[:50] for t in range(steps)])  # (steps, entries)
+  ordered = np.sort(series, axis=0)
+  gaps = np.diff(np.concatenate([ordered, ordered[:1] + 1.0]), axis=0)
+  assert gaps.max() < 2.7 / steps
+
+
 def test_first_moment_written_in_the_code_before_reads_and_trains_on():
   """Non-negative scales mark the first moment's 2-bit code of int8 states
   written before the 3-bit one: such a state (a checkpoint) decodes to that
