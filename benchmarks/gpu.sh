@@ -1,36 +1,70 @@
 #!/usr/bin/env bash
-# One prepared script for a lent GPU: every piece has its own time limit so
-# the whole run ends inside 10 minutes, and everything lands in $OUT.
+# One prepared script for a lent GPU: every piece has its own time limit
+# (killed 10 s after it), the limits add up to 8 minutes so the whole run
+# ends well inside a 10-minute call, and after every piece what exists so
+# far is packed into $OUT: a call killed at its limit still brings back the
+# pieces that finished.
 #
 #   OUT=/some/dir bash benchmarks/gpu.sh          # on the GPU machine
 #   OUT=/tmp/gpu_smoke bash benchmarks/gpu.sh --tiny   # CPU smoke test
 #
+# $OUT receives at most five files: gpu_log.txt, the two step-time reports
+# (step_time_layouts_gpu.md, step_time_gpu.md), device_peaks.jsonl and
+# gpu_results.tgz (everything, the JSON, memory and convergence reports
+# included). The pieces work in $WORK (default: a fresh temporary folder).
+# The Python used is $PYTHON, else the first of `python`, `python3` and
+# /opt/torch/.venv/bin/python3 that imports jax (on the lent machines the
+# plain `python3` has no jax; the image's venv has).
+#
 # Pieces (limits in seconds):
 #   1. optimizer step time of every FOAM layout (float32 and bfloat16,
 #      fold axis -2 and -1, levels 1-4, FOAM-Mini, int8 moments) against
-#      AdamW at 50M and 100M params (benchmarks/step_time.py)         160
+#      AdamW at 50M and 100M params (benchmarks/step_time.py; written after
+#      every size, so a piece cut short keeps the sizes it finished)  150
 #   2. the same at ~1B params, bfloat16, the main layouts               60
 #   3. memory: 60M compiled peaks and the 80 GiB fit at 7B width, with
-#      the GPU compiler (the analytic part is device-independent)      120
-#   4. real peak bytes in use of 60M train steps (3 processes x 40)     120
-#   5. LLaMA-60M (bytes) on Tiny Shakespeare, FOAM vs AdamW, 2 lrs     130
+#      the GPU compiler (the analytic part is device-independent)       90
+#   4. real peak bytes in use of 60M train steps (3 processes x 30)     90
+#   5. LLaMA-60M (bytes) on Tiny Shakespeare, FOAM vs AdamW, 2 lrs      90
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/foam_gpu_out}"
-mkdir -p "$OUT"
+WORK="${WORK:-$(mktemp -d)}"
+mkdir -p "$OUT" "$WORK"
 TINY=0
 [[ "${1:-}" == "--tiny" ]] && TINY=1
 # Time limits scale on a CPU smoke test (quick modes compile slowly there).
 SCALE=$(( TINY ? 4 : 1 ))
 lim() { echo $(( $1 * SCALE )); }
-LOG="$OUT/gpu_log.txt"
+LOG="$WORK/gpu_log.txt"
 say() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
 failed=0
 fail() { failed=$((failed + 1)); say "$@"; }
+# Copies what the pieces wrote so far into $OUT (a few files).
+pack() {
+  cp "$LOG" "$OUT/" 2>/dev/null
+  cp "$WORK"/*.md "$WORK"/device_peaks.jsonl "$OUT/" 2>/dev/null
+  tar czf "$OUT/gpu_results.tgz.part" -C "$WORK" . 2>/dev/null \
+    && mv "$OUT/gpu_results.tgz.part" "$OUT/gpu_results.tgz"
+}
+run_piece() {  # run_piece LIMIT NAME COMMAND...: one piece, then pack.
+  local limit=$1 name=$2
+  shift 2
+  timeout -k 10 "$(lim "$limit")" "$@" >> "$LOG" 2>&1 || fail "$name: rc $?"
+  pack
+}
+PY="${PYTHON:-}"
+if [[ -z "$PY" ]]; then
+  for candidate in python python3 /opt/torch/.venv/bin/python3; do
+    if "$candidate" -c "import jax" 2>/dev/null; then PY=$candidate; break; fi
+  done
+fi
+if [[ -z "$PY" ]]; then say "no python that imports jax; set PYTHON"; pack; exit 1; fi
 
 {
   date -u; nvidia-smi --query-gpu=name,memory.total --format=csv 2>/dev/null
-  python -c "import jax, jaxlib; print('jax', jax.__version__, jaxlib.__version__, jax.devices())"
+  echo "python: $PY"
+  "$PY" -c "import jax, jaxlib, optax, flax; print('jax', jax.__version__, jaxlib.__version__, 'optax', optax.__version__, 'flax', flax.__version__, jax.devices())"
 } >> "$LOG" 2>&1
 
 # Every layout of the step-time requirement (benchmarks/results/step_time.md).
@@ -58,28 +92,29 @@ else
 fi
 
 say "1. step time of every layout"
-timeout "$(lim 160)" python -m benchmarks.step_time "${LAYOUT_ARGS[@]}" \
-  --out "$OUT/step_time_layouts_gpu.md" >> "$LOG" 2>&1 || fail "step time layouts: rc $?"
+run_piece 150 "step time layouts" "$PY" -m benchmarks.step_time "${LAYOUT_ARGS[@]}" \
+  --out "$WORK/step_time_layouts_gpu.md"
 
 say "2. step time at ~1B"
-timeout "$(lim 60)" python -m benchmarks.step_time "${STEP_ARGS[@]}" \
-  --out "$OUT/step_time_gpu.md" >> "$LOG" 2>&1 || fail "step time: rc $?"
+run_piece 60 "step time" "$PY" -m benchmarks.step_time "${STEP_ARGS[@]}" \
+  --out "$WORK/step_time_gpu.md"
 
 say "3. memory (compiled on this device)"
-timeout "$(lim 120)" python -m benchmarks.memory "${MEM_ARGS[@]}" --out "$OUT/memory" \
-  >> "$LOG" 2>&1 || fail "memory: rc $?"
+run_piece 90 memory "$PY" -m benchmarks.memory "${MEM_ARGS[@]}" --out "$WORK/memory"
 
 say "4. real peak bytes in use"
 for pair in "${PEAK_CONFIGS[@]}"; do
-  timeout "$(lim 40)" python -m benchmarks.memory "${PEAK_ARGS[@]}" --device-peak "$pair" \
-    2>> "$LOG" | tail -n 1 >> "$OUT/device_peaks.jsonl" || fail "peak $pair: rc $?"
+  timeout -k 10 "$(lim 30)" "$PY" -m benchmarks.memory "${PEAK_ARGS[@]}" --device-peak "$pair" \
+    2>> "$LOG" | tail -n 1 >> "$WORK/device_peaks.jsonl" || fail "peak $pair: rc $?"
 done
+pack
 
 say "5. convergence"
-timeout "$(lim 130)" python -m benchmarks.convergence "${CONV_ARGS[@]}" \
-  --out "$OUT/convergence" >> "$LOG" 2>&1 || fail "convergence: rc $?"
+run_piece 90 convergence "$PY" -m benchmarks.convergence "${CONV_ARGS[@]}" \
+  --out "$WORK/convergence"
 
 say "done"
-ls -R "$OUT" >> "$LOG"
+ls -R "$WORK" >> "$LOG"
 say "$failed piece(s) failed"
+pack
 exit "$failed"
