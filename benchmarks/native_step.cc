@@ -22,6 +22,30 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+// One block of k rows of g (row length cols): updates the moments' row in
+// place, mu <- b1 mu + (1 - b1) mean(g), nu <- b2 nu + (1 - b2) mean(g^2),
+// and leaves the block mean of each column in gm (sm is scratch).
+inline void BlockMoments(const float* gb, int64_t k, int64_t cols, float b1, float b2,
+                         const float* m0, const float* v0, float* m1, float* v1,
+                         float* gm, float* sm) {
+  const float inv_k = 1.0f / static_cast<float>(k);
+  for (int64_t j = 0; j < cols; ++j) gm[j] = sm[j] = 0.0f;
+  for (int64_t r = 0; r < k; ++r) {
+    const float* gr = gb + r * cols;
+#pragma GCC ivdep
+    for (int64_t j = 0; j < cols; ++j) {
+      gm[j] += gr[j];
+      sm[j] += gr[j] * gr[j];
+    }
+  }
+#pragma GCC ivdep
+  for (int64_t j = 0; j < cols; ++j) {
+    gm[j] *= inv_k;
+    m1[j] = b1 * m0[j] + (1.0f - b1) * gm[j];
+    v1[j] = b2 * v0[j] + (1.0f - b2) * (sm[j] * inv_k);
+  }
+}
+
 template <bool kApply>
 ffi::Error FoamStep(ffi::Buffer<ffi::F32> p, ffi::Buffer<ffi::F32> g,
                     ffi::Buffer<ffi::F32> mu, ffi::Buffer<ffi::F32> nu,
@@ -43,26 +67,11 @@ ffi::Error FoamStep(ffi::Buffer<ffi::F32> p, ffi::Buffer<ffi::F32> g,
   float* op = out->typed_data();
   float* m1 = mu_out->typed_data();
   float* v1 = nu_out->typed_data();
-  const float inv_k = 1.0f / static_cast<float>(k);
   std::vector<float> gm(cols), sm(cols);
   for (int64_t b = 0; b < rows / k; ++b) {
     const float* gb = gp + b * k * cols;
-    for (int64_t j = 0; j < cols; ++j) gm[j] = sm[j] = 0.0f;
-    for (int64_t r = 0; r < k; ++r) {
-      const float* gr = gb + r * cols;
-#pragma GCC ivdep
-      for (int64_t j = 0; j < cols; ++j) {
-        gm[j] += gr[j];
-        sm[j] += gr[j] * gr[j];
-      }
-    }
     const int64_t s = b * cols;
-#pragma GCC ivdep
-    for (int64_t j = 0; j < cols; ++j) {
-      gm[j] *= inv_k;
-      m1[s + j] = b1 * m0[s + j] + (1.0f - b1) * gm[j];
-      v1[s + j] = b2 * v0[s + j] + (1.0f - b2) * (sm[j] * inv_k);
-    }
+    BlockMoments(gb, k, cols, b1, b2, m0 + s, v0 + s, m1 + s, v1 + s, gm.data(), sm.data());
     for (int64_t r = 0; r < k; ++r) {
       const int64_t e = (b * k + r) * cols;
 #pragma GCC ivdep
@@ -100,25 +109,13 @@ ffi::Error FoamMoments(ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> mu,
   float* m1 = mu_out->typed_data();
   float* v1 = nu_out->typed_data();
   float* mean = mean_out->typed_data();
-  const float inv_k = 1.0f / static_cast<float>(k);
   std::vector<float> gm(cols), sm(cols);
   for (int64_t b = 0; b < rows / k; ++b) {
-    const float* gb = gp + b * k * cols;
-    for (int64_t j = 0; j < cols; ++j) gm[j] = sm[j] = 0.0f;
-    for (int64_t r = 0; r < k; ++r) {
-      const float* gr = gb + r * cols;
-#pragma GCC ivdep
-      for (int64_t j = 0; j < cols; ++j) {
-        gm[j] += gr[j];
-        sm[j] += gr[j] * gr[j];
-      }
-    }
     const int64_t s = b * cols;
-#pragma GCC ivdep
-    for (int64_t j = 0; j < cols; ++j) {
-      m1[s + j] = b1 * m0[s + j] + (1.0f - b1) * (gm[j] * inv_k);
-      v1[s + j] = b2 * v0[s + j] + (1.0f - b2) * (sm[j] * inv_k);
-      if constexpr (kMean) mean[s + j] = gm[j] * inv_k;
+    BlockMoments(gp + b * k * cols, k, cols, b1, b2, m0 + s, v0 + s, m1 + s, v1 + s,
+                 gm.data(), sm.data());
+    if constexpr (kMean) {
+      for (int64_t j = 0; j < cols; ++j) mean[s + j] = gm[j];
     }
   }
   return ffi::Error::Success();
