@@ -5,7 +5,7 @@ On XLA:CPU the default float32 FOAM step stays near 0.8x ``optax.adamw``'s
 moment loops and the update loop read the gradient, and the update loop
 recomputes each block mean. This experiment asks what a loop written by hand
 would give, and whether it can keep Optax's ``tx.update`` +
-``optax.apply_updates`` split. ``native_step.cc`` holds two XLA FFI
+``optax.apply_updates`` split. ``native_step.cc`` holds four XLA FFI
 handlers for a float32 matrix folded along axis -2 (level 2, blocks of 4
 rows), each one pass per block of rows:
 
@@ -22,10 +22,10 @@ rows), each one pass per block of rows:
   means for the update to read.
 
 The leaves FOAM does not fold (embedding, head, norms) take the same Adam
-in XLA code in both. The script compiles ``native_step.cc`` with the
+in XLA code in all four. The script compiles ``native_step.cc`` with the
 system's C++ compiler (``$CXX``, default ``g++``) against jaxlib's FFI
-headers, checks both kernels against ``foam_jax.foam`` over three steps,
-then times ``optax.adamw``, ``foam_jax.foam`` and both kernels side by side
+headers, checks each against ``foam_jax.foam`` over three steps, then
+times ``optax.adamw``, ``foam_jax.foam`` and the four side by side
 as ``benchmarks/step_time.py`` does (jitted, params and state donated,
 interleaved repeats, median of paired ratios).
 
