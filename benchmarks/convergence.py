@@ -225,8 +225,7 @@ def main(argv=None):
   for path in args.merge:
     with open(path) as f:
       other = json.load(f)
-    store.data["runs"].update(other["runs"])
-    store.data["meta"].setdefault("merged", []).append(other["meta"])
+    store.merge(other)
   if args.merge:
     store.put_all()
   if not args.report_only:

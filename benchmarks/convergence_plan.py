@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["ABLATION", "PLANS", "Store", "View", "around", "best_lr", "base_grid",
-           "plan_phases", "run_id", "run_plan", "tuned_grid"]
+           "plan_phases", "provenance", "run_id", "run_plan", "tuned_grid"]
 
 
 def run_id(spec) -> str:
@@ -26,8 +26,40 @@ def run_id(spec) -> str:
           f"/{spec['steps']}x{spec['batch']}x{spec['seq_len']}")
 
 
+def provenance(meta: dict[str, Any] | None) -> list[dict[str, Any]]:
+  """Who produced a store's runs: one entry per command, oldest first, no repeats.
+
+  An entry is ``{"command", "date", "cpu", "notes"}`` (only ``command`` for
+  the oldest stores). A store keeps the entries of the stores it resumed or
+  merged as a flat ``meta["history"]``; stores written before that nested
+  whole metas (``previous``, ``merged``), which are read here too.
+
+  Examples:
+    >>> meta = {"machine": {"command": "b", "date": "d", "cpu": "c"},
+    ...         "history": [{"command": "a", "notes": ["n"]}]}
+    >>> [e["command"] for e in provenance(meta)]
+    ['a', 'b']
+  """
+  if not meta:
+    return []
+  entries = list(meta.get("history", [])) + provenance(meta.get("previous"))
+  for merged in meta.get("merged", []):
+    # The oldest stores kept merged runs' commands as plain strings.
+    entries += ([{"command": c} for c in merged] if isinstance(merged, list)
+                else provenance(merged))
+  if "machine" in meta:
+    m = meta["machine"]
+    entries.append({"command": m["command"], "date": m["date"], "cpu": m["cpu"],
+                    "notes": meta.get("notes", [])})
+  return list({json.dumps(e, sort_keys=True): e for e in entries}.values())
+
+
 class Store:
-  """Run results in a JSON file, written after every run."""
+  """Run results in a JSON file, written after every run.
+
+  Resuming a file keeps its runs, and its provenance in ``meta["history"]``;
+  ``merge`` adds another store's runs and provenance.
+  """
 
   def __init__(self, path: str, meta: dict[str, Any]):
     self.path = path
@@ -36,7 +68,14 @@ class Store:
       with open(path) as f:
         old = json.load(f)
       self.data["runs"] = old.get("runs", {})
-      self.data["meta"]["previous"] = old.get("meta")
+      meta["history"] = provenance(old.get("meta"))
+
+  def merge(self, other: dict[str, Any]) -> None:
+    """Adds the runs and the provenance of another store's data."""
+    self.data["runs"].update(other["runs"])
+    meta = self.data["meta"]
+    meta["history"] = provenance({"history": meta.get("history", [])
+                                  + provenance(other["meta"])})
 
   def get(self, spec):
     return self.data["runs"].get(run_id(spec))

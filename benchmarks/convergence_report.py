@@ -11,6 +11,7 @@ import numpy as np
 from benchmarks import common
 from benchmarks.convergence_plan import base_grid
 from benchmarks.convergence_plan import best_lr
+from benchmarks.convergence_plan import provenance
 from benchmarks.convergence_plan import tuned_grid
 from benchmarks.convergence_plan import View
 
@@ -117,28 +118,14 @@ def _fmt(x, nd=3):
 
 def _commands(meta) -> list[str]:
   """Commands that produced the runs of a store, oldest first."""
-  out = []
-  while meta:
-    m = meta["machine"]
-    out.insert(0, f"`{m['command']}` ({m['date']}, {m['cpu']})")
-    for merged in meta.get("merged", []):
-      # Older stores kept merged runs' commands as plain strings.
-      out.extend([f"`{c}`" for c in merged] if isinstance(merged, list)
-                 else _commands(merged))
-    meta = meta.get("previous")
+  out = [f"`{e['command']}`" + (f" ({e['date']}, {e['cpu']})" if "date" in e else "")
+         for e in provenance(meta)]
   return [c for c in dict.fromkeys(out) if "--report-only" not in c]
 
 
 def _notes(meta) -> list[str]:
   """Notes recorded with the runs of a store (``--note``), oldest first."""
-  out = []
-  while meta:
-    out = list(meta.get("notes", [])) + out
-    for merged in meta.get("merged", []):
-      if isinstance(merged, dict):
-        out += _notes(merged)
-    meta = meta.get("previous")
-  return list(dict.fromkeys(out))
+  return list(dict.fromkeys(n for e in provenance(meta) for n in e.get("notes", [])))
 
 
 def _grid_rule(plan) -> str:

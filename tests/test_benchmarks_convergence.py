@@ -8,6 +8,7 @@ import numpy as np
 
 from benchmarks import convergence
 from benchmarks import convergence_plan
+from benchmarks import convergence_report
 
 
 def test_convergence_quick_mode_trains_and_reports(tmp_path):
@@ -93,3 +94,25 @@ def test_ranking_says_whether_the_short_ranking_holds():
   assert "ranking holds (b < a)" in held
   flipped = "\n".join(convergence_report._ranking_lines(suite(1.0, 1.2), reference))
   assert "does not hold: b < a at 200 steps, a < b here" in flipped
+
+
+def _meta(command, notes=(), **nested):
+  return {"machine": {"command": command, "date": "d", "cpu": "c"},
+          "notes": list(notes), **nested}
+
+
+def test_resumed_and_merged_stores_keep_a_flat_history(tmp_path):
+  """Provenance is one entry per command, however often a store is resumed or
+  merged (stores that nested whole metas grew to 38 MB); old nesting is read."""
+  path = str(tmp_path / "convergence.json")
+  other = {"runs": {"x": 1}, "meta": _meta("b", ["note b"], previous=_meta("a"))}
+  for command in ("c", "d", "d"):
+    store = convergence_plan.Store(path, _meta(command))
+    store.merge(other)
+    store.put_all()
+  saved = json.loads((tmp_path / "convergence.json").read_text())
+  assert "previous" not in saved["meta"] and "merged" not in saved["meta"]
+  assert [e["command"] for e in convergence_plan.provenance(saved["meta"])] == [
+      "a", "b", "c", "d"]
+  assert saved["runs"] == {"x": 1}
+  assert convergence_report._notes(saved["meta"]) == ["note b"]
