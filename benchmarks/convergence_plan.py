@@ -51,6 +51,11 @@ def provenance(meta: dict[str, Any] | None) -> list[dict[str, Any]]:
     m = meta["machine"]
     entries.append({"command": m["command"], "date": m["date"], "cpu": m["cpu"],
                     "notes": meta.get("notes", [])})
+  return _unique(entries)
+
+
+def _unique(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """``entries`` without repeats, in the order of their first appearance."""
   return list({json.dumps(e, sort_keys=True): e for e in entries}.values())
 
 
@@ -74,8 +79,7 @@ class Store:
     """Adds the runs and the provenance of another store's data."""
     self.data["runs"].update(other["runs"])
     meta = self.data["meta"]
-    meta["history"] = provenance({"history": meta.get("history", [])
-                                  + provenance(other["meta"])})
+    meta["history"] = _unique(meta.get("history", []) + provenance(other["meta"]))
 
   def get(self, spec):
     return self.data["runs"].get(run_id(spec))
