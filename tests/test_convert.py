@@ -54,6 +54,7 @@ def _expect(source_moment, name, k=4):
   return np_fold(x, -2, k) if name in FOLDED else x
 
 
+@pytest.mark.single_device
 def test_adamw_to_foam_block_means_exactly():
   params = _params()
   adam_state = _run(optax.adamw(1e-3), params)

@@ -97,7 +97,8 @@ def test_block_larger_than_axis_folds_whole_axis():
   got = folding.fold(x, axis=-1, level=5)
   assert got.shape == (3, 1)
   np.testing.assert_allclose(np.asarray(got[:, 0]), [1.5, 5.5, 9.5])
-  assert folding.fold(x, 0, folding.WHOLE_AXIS_LEVEL).shape == (1, 4)
+  assert folding.fold(x, 0, 62).shape == (1, 4)
+  assert folding.fold(x, 0, folding.whole_axis_level(3)).shape == (1, 4)
 
 
 def test_level_zero_is_identity():

@@ -1,4 +1,4 @@
-"""The public surface: what ``foam_jax`` exports, and its deprecated names."""
+"""The public surface: what ``foam_jax`` exports, and nothing more."""
 
 import warnings
 
@@ -27,21 +27,13 @@ def test_top_level_exports_exactly_the_public_api():
   assert set(foam_jax.sharding.__all__) == SHARDING
 
 
-@pytest.mark.parametrize("name", sorted(foam_jax._DEPRECATED))  # pylint: disable=protected-access
-def test_deprecated_names_still_work_and_warn(name):
-  with pytest.warns(DeprecationWarning, match=f"foam_jax.{name} is deprecated"):
-    value = getattr(foam_jax, name)
-  assert value is not None
-
-
-def test_deprecated_aliases_are_the_real_objects():
-  with pytest.warns(DeprecationWarning):
-    assert foam_jax.state_shardings is foam_jax.sharding.state_shardings
-  with pytest.warns(DeprecationWarning):
-    memory = foam_jax.memory
-  assert memory.state_bytes is foam_jax.state_bytes
-
-
 def test_unknown_names_raise_attribute_error():
   with pytest.raises(AttributeError, match="no attribute 'adamw'"):
     _ = foam_jax.adamw
+
+
+@pytest.mark.parametrize("name", ["abstract_state", "state_shardings", "fold", "memory",
+                                  "WHOLE_AXIS_LEVEL", "transform"])
+def test_pre_release_aliases_are_gone(name):
+  with pytest.raises(AttributeError):
+    getattr(foam_jax, name)

@@ -22,6 +22,7 @@ from reference import LeafRule
 from reference import NumpyFoam
 
 import foam_jax
+from foam_jax._src import float_code
 from foam_jax._src import quantize
 from foam_jax._src.hlo import COLLECTIVES
 from foam_jax._src.hlo import count_collectives
@@ -57,6 +58,7 @@ def _roundtrip(x, signed, step=None):
   return q, np.asarray(quantize.dequantize(q), np.float64)
 
 
+@pytest.mark.single_device
 @pytest.mark.parametrize("signed", [False, True])
 def test_nearest_rounding_picks_a_neighbouring_code_value(signed):
   x = _log_normal((4, 512), 8, seed=1)
@@ -84,6 +86,7 @@ def test_nearest_rounding_picks_a_neighbouring_code_value(signed):
       assert (np.abs(ys - xs)[~inside] <= smallest * scale * (1 + 1e-5)).all()
 
 
+@pytest.mark.single_device
 def test_second_moment_code_is_zero_free_and_keeps_zeros():
   x = np.array([1.0, 1e-12, 1e-30, 0.0] + [0.5] * 4)
   _, y = _roundtrip(x, signed=False)
@@ -95,6 +98,7 @@ def test_second_moment_code_is_zero_free_and_keeps_zeros():
     assert (y[:3] > 0).all() and y[3] == 0.0
 
 
+@pytest.mark.single_device
 @pytest.mark.parametrize("signed", [False, True])
 def test_stochastic_rounding_is_unbiased(signed):
   """Mean over steps of the stored value -> x (float64), within 4 sigma."""
@@ -123,7 +127,7 @@ def test_rounding_bits_are_uniform_over_entries_and_evenly_spread_over_steps():
   over one entry's steps they follow a Weyl sequence, whose N points leave
   no gap wider than about 2 / N on the circle (independent draws: about
   log(N) / N)."""
-  u = lambda step: np.asarray(quantize._hash((64, 64), step, 0x1B873593),
+  u = lambda step: np.asarray(float_code.rounding_bits((64, 64), step, 0x1B873593),
                               np.float64) / 2**32
   counts, _ = np.histogram(u(7), bins=16, range=(0, 1))
   assert np.abs(counts / (4096 / 16) - 1).max() < 0.25
@@ -134,6 +138,7 @@ def test_rounding_bits_are_uniform_over_entries_and_evenly_spread_over_steps():
   assert gaps.max() < 2.7 / steps
 
 
+@pytest.mark.single_device
 def test_first_moment_written_in_the_code_before_reads_and_trains_on():
   """Non-negative scales mark the first moment's 2-bit code of int8 states
   written before the 3-bit one: such a state (a checkpoint) decodes to that
@@ -175,6 +180,7 @@ def test_first_moment_scales_carry_the_sign_mark_even_for_zero_blocks():
   np.testing.assert_array_equal(quantize.dequantize(q)[1], 0.0)
 
 
+@pytest.mark.single_device
 def test_second_moment_decays_under_zero_gradients():
   """b2 = 0.999: each step moves v by 0.1 %, far below the code's 6-12 % gap.
 
@@ -220,6 +226,7 @@ def _np_blocks_max(x, block=256):
   return np.abs(np.concatenate([x, pad], -1)).reshape(x.shape[:-1] + (nb, block)).max(-1)
 
 
+@pytest.mark.single_device
 def test_update_reads_the_new_moments_and_stores_them_within_the_code_error():
   """One step from a quantized state, entry by entry, against float64 FOAM.
 
@@ -528,6 +535,7 @@ def test_convert_state_between_float_and_int8():
           <= GAP_MU / 2 * np.abs(m)[inside] * 1.0001).all()
 
 
+@pytest.mark.single_device
 @pytest.mark.parametrize("make, beta", [
     (lambda: foam_jax.foam_muon(1e-3, beta=0.9, mu_dtype=jnp.int8), 0.9),
     (lambda: foam_jax.foam_lion(1e-3, b2=0.9, mu_dtype=jnp.int8), 0.9),

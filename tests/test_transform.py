@@ -69,6 +69,7 @@ def _run_parity(tx, ref, steps=32, seed=0, grad_scale=1.0, dtype=np.float32):
   return worst, state
 
 
+@pytest.mark.single_device
 def test_foam_matches_float64_reference_default_policy():
   hp = dict(lr=3e-2, b1=0.9, b2=0.95, eps=1e-8, wd=0.1, alpha=0.25, c=0.7)
   tx = foam_jax.foam(hp["lr"], b1=hp["b1"], b2=hp["b2"], eps=hp["eps"],
@@ -85,6 +86,7 @@ def test_foam_matches_float64_reference_default_policy():
   assert mu["embed_tokens"].shape == (20, 8) and mu["bias"].shape == (7,)
 
 
+@pytest.mark.single_device
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_eps_root_and_nesterov_match_float64_reference(nesterov):
   hp = dict(lr=3e-2, b1=0.9, b2=0.95, eps=1e-8, wd=0.1, alpha=0.25, c=0.7,
@@ -96,6 +98,7 @@ def test_eps_root_and_nesterov_match_float64_reference(nesterov):
   assert worst < 1e-5
 
 
+@pytest.mark.single_device
 @pytest.mark.parametrize("second_moment", ["mean_of_squares", "square_of_mean"])
 def test_complex_params_match_float64_reference(second_moment):
   """Complex block means, |g|^2 and |R|^2 in the second moment (Adam's rule)."""
@@ -110,6 +113,7 @@ def test_complex_params_match_float64_reference(second_moment):
   assert {x.dtype for x in jax.tree.leaves(state[0].nu)} == {jnp.dtype(jnp.float32)}
 
 
+@pytest.mark.single_device
 @pytest.mark.parametrize("second_moment", ["mean_of_squares", "square_of_mean"])
 def test_explicit_specs_and_second_moment_forms(second_moment):
   specs = {
@@ -154,6 +158,7 @@ def test_residual_scale_zero_gives_block_constant_updates():
   np.testing.assert_allclose(u[4:], np.broadcast_to(u[4:5], (4, 3)), rtol=1e-6)
 
 
+@pytest.mark.single_device
 @pytest.mark.parametrize("eps_root", [0.0, 1e-3])
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_level_zero_with_alpha_one_is_optax_adam(nesterov, eps_root):
@@ -175,6 +180,7 @@ def test_level_zero_with_alpha_one_is_optax_adam(nesterov, eps_root):
       fp, ap = optax.apply_updates(fp, fu), optax.apply_updates(ap, au)
 
 
+@pytest.mark.single_device
 def test_updates_come_back_in_grad_dtype_and_states_in_given_dtype():
   params = {"w": jnp.ones((8, 4), jnp.bfloat16), "b": jnp.ones((4,), jnp.bfloat16)}
   tx = foam_jax.foam(1e-2, weight_decay=0.0)
@@ -194,6 +200,7 @@ def test_updates_come_back_in_grad_dtype_and_states_in_given_dtype():
   assert state[0].mu["w"].dtype == jnp.bfloat16
 
 
+@pytest.mark.single_device
 def test_low_precision_states_track_float32_states():
   rng = np.random.default_rng(3)
   params = {"w": jnp.asarray(rng.standard_normal((16, 8)), jnp.float32)}

@@ -28,7 +28,7 @@ def foam(
     mask: Any | Callable[[optax.Params], Any] | None = None,
     *,
     nesterov: bool = False,
-    fold_level: int | None = None,
+    fold_level: specs_lib.Level | None = None,
     alpha: float = 1.0,
     residual_scale: float = 1.0,
     fold_spec: specs_lib.FoldSpecLike = None,
@@ -76,7 +76,8 @@ def foam(
       as in ``optax.adamw``.
     nesterov: Nesterov momentum, as in ``optax.adamw``.
     fold_level: blocks hold ``2**fold_level`` entries (``0`` is Adam);
-      ``None`` is the default, ``2``. An explicit level under
+      ``None`` is the default, ``2``; ``"whole_axis"`` folds each fold axis
+      into one block (:func:`foam_mini`). An explicit level under
       ``optax.inject_hyperparams`` needs ``static_args=("fold_level",)``.
     alpha: extra scale of the folded leaves' updates.
     residual_scale: weight of the gradient residual (``0`` drops it).
@@ -158,15 +159,15 @@ def _fixed_level_variant(level: int, name: str, doc: str):
   return variant
 
 
-foam_mini = _fixed_level_variant(folding.WHOLE_AXIS_LEVEL, "foam_mini", r"""
+foam_mini = _fixed_level_variant(folding.WHOLE_AXIS, "foam_mini", r"""
   FOAM-Mini: every folded matrix keeps one moment per output feature.
 
-  The paper's smallest point: ``foam`` with each fold axis one block, so a
-  Dense kernel ``(in, out)`` keeps ``2 * out`` state values instead of Adam's
-  ``2 * in * out``; embeddings, ``lm_head`` and 1-D leaves keep Adam's.
-  Takes every argument of :func:`foam` except ``fold_level``. In a
-  ``fold_spec``, ``FoldSpec(level=None)`` means a whole-axis block and an
-  explicit level wins.
+  The paper's smallest point: ``foam(..., fold_level="whole_axis")``, each
+  fold axis one block, so a Dense kernel ``(in, out)`` keeps ``2 * out``
+  state values instead of Adam's ``2 * in * out``; embeddings, ``lm_head``
+  and 1-D leaves keep Adam's. Takes every argument of :func:`foam` except
+  ``fold_level``. In a ``fold_spec``, ``FoldSpec(level=None)`` means a
+  whole-axis block and an explicit level wins.
 
   Examples:
     >>> import jax.numpy as jnp, foam_jax

@@ -15,7 +15,6 @@ import jax.numpy as jnp
 import optax
 from optax.contrib import MuonState
 
-from foam_jax._src import adam
 from foam_jax._src import folding
 from foam_jax._src import lion
 from foam_jax._src import moment
@@ -29,7 +28,6 @@ __all__ = ["convert_state"]
 # Our states with folded moments, and the moment fields each holds.
 _FOLDED = {
     transform.ScaleByFoamState: ("mu", "nu"),
-    adam.ScaleByFoldedAdamState: ("mu", "nu"),
     muon.FoldedMuonState: ("mu",),
     lion.ScaleByFoldedLionState: ("mu",),
 }

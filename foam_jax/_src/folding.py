@@ -38,7 +38,8 @@ import jax
 import jax.numpy as jnp
 
 __all__ = [
-    "WHOLE_AXIS_LEVEL",
+    "WHOLE_AXIS",
+    "whole_axis_level",
     "block_size",
     "num_blocks",
     "folded_shape",
@@ -56,11 +57,24 @@ __all__ = [
 ]
 
 
-# A level whose block covers any axis: FOAM-Mini folds each axis into one block.
-WHOLE_AXIS_LEVEL = 62
+# The level that folds each fold axis into one block (FOAM-Mini).
+WHOLE_AXIS = "whole_axis"
 
 # The level of `fold_level=None`: blocks of 4 entries, the paper's l = 2.
 DEFAULT_FOLD_LEVEL = 2
+
+
+def whole_axis_level(length: int) -> int:
+  """The smallest level whose block covers an axis of ``length``.
+
+  ``ceil(log2(length))``: the integer level that ``"whole_axis"`` means for
+  that axis.
+
+  Examples:
+    >>> whole_axis_level(512), whole_axis_level(5461), whole_axis_level(1)
+    (9, 13, 0)
+  """
+  return max(length - 1, 0).bit_length()
 
 
 def block_size(length: int, level: int) -> int:
@@ -82,7 +96,7 @@ def block_size(length: int, level: int) -> int:
   """
   if level < 0:
     raise ValueError(f"level must be >= 0, got {level}.")
-  if level >= WHOLE_AXIS_LEVEL:  # Any such block covers the axis.
+  if level >= max(length, 1).bit_length():  # The block covers the axis.
     return max(1, length)
   return max(1, min(2**level, length))
 

@@ -41,7 +41,7 @@ def scale_by_folded_lion(
     *,
     mode: Literal["hard", "smooth", "refined"] = "hard",
     smooth_beta: float = 1.0,
-    fold_level: int | None = None,
+    fold_level: specs_lib.Level | None = None,
     residual_scale: float = 1.0,
     fold_spec: specs_lib.FoldSpecLike = None,
 ) -> optax.GradientTransformation:
@@ -102,8 +102,7 @@ def scale_by_folded_lion(
   """
   _validation.check_number("b1", b1, low=0.0, high=1.0)
   _validation.check_number("b2", b2, low=0.0, high=1.0)
-  if mode not in _MODES:
-    raise ValueError(f"mode must be one of {_MODES}, got {mode!r}.")
+  _validation.check_choice("mode", mode, _MODES)
   _validation.check_number("smooth_beta", smooth_beta)
   fold_level = _validation.fold_level_or_default(fold_level)
   _validation.check_number("residual_scale", residual_scale, low=0.0)
@@ -137,8 +136,8 @@ def scale_by_folded_lion(
           residual_scale=residual_scale)
       # The read uses the momentum before this step's update, as Lion does.
       u = squash((1.0 - b1) * fg.blocks + b1 * fg.read(mu.astype(compute)))
-      mu_new = moment.ema(mu, fg.mean, b2, compute, optax_order=True,
-                          step=state.count).store(u)
+      _, mu_new = moment.ema(mu, fg.mean, b2, compute, optax_order=True,
+                             step=state.count)
       return fg.unblock(u).astype(g.dtype), mu_new
 
     updates, mu = moment.map_leaves(leaf_update, specs, updates, state.mu,
@@ -157,7 +156,7 @@ def foam_lion(
     weight_decay: optax.ScalarOrSchedule = 1e-3,
     mask: Any | Callable[[optax.Params], Any] | None = None,
     *,
-    fold_level: int | None = None,
+    fold_level: specs_lib.Level | None = None,
     residual_scale: float = 1.0,
     fold_spec: specs_lib.FoldSpecLike = None,
 ) -> optax.GradientTransformationExtraArgs:

@@ -49,10 +49,9 @@ rounding would freeze an EMA whose per-step change (``1 - b2 = 0.1 %``) is
 smaller than half a code step. The random bits are a hash of the entry's
 index and a salt, advanced by a Weyl sequence over the steps: uniform over
 the entries at each step, evenly spread over one entry's steps, so that the
-errors a stored EMA accumulates partly cancel (earlier versions drew
-independent bits each step; the stored codes mean the same either way).
-Elementwise integer arithmetic that fuses with the update (no RNG
-state, no ``jax.random`` key).
+errors a stored EMA accumulates partly cancel. Elementwise integer
+arithmetic that fuses with the update (no RNG state, no ``jax.random``
+key). The code's bit arithmetic lives in :mod:`foam_jax._src.float_code`.
 
 Blocks whose scale is not a normal float32 (zero, denormal) are stored as
 zero; an infinite scale is clipped to the largest float32.
@@ -68,6 +67,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from foam_jax._src import float_code
 from foam_jax._src import placement
 
 __all__ = [
@@ -87,16 +87,6 @@ __all__ = [
 BLOCK_SIZE = 256
 # Smallest block size init may fit to a shard before it refuses.
 MIN_BLOCK_SIZE = 16
-# Mantissa bits kept: second moment (unsigned, codes 1..255: 32 binades below
-# the block's scale), first moment (signed, magnitudes 1..127: 16 binades).
-MANT_NU = 3
-MANT_MU = 3
-# The first moment's code before this version (32 binades; scales >= 0).
-MANT_MU_V1 = 2
-_TOP_NU = 255
-_TOP_MU = 127
-
-
 def is_quantized_dtype(dtype: Any) -> bool:
   """Whether ``dtype`` asks for blockwise 8-bit storage (``int8``)."""
   return dtype is not None and jnp.dtype(dtype) == jnp.int8
@@ -282,90 +272,12 @@ def _unblocked(x: jax.Array, n: int) -> jax.Array:
   return x.reshape(x.shape[:-2] + (-1,))[..., :n]
 
 
-def _hash(shape: tuple[int, ...], step: Any, salt: int) -> jax.Array:
-  """Uniform ``uint32`` bits per entry and step: a hash of the index, then a
-  Weyl sequence over the steps.
-
-  Each entry starts at murmur3's 32-bit finalizer of its flat index plus
-  ``salt`` (two multiplies per entry) and moves by ``2^32 / phi`` (the
-  golden ratio) per step: uniform over the entries at every step (so the
-  rounding is unbiased), and, for one entry, spread evenly over the steps
-  instead of independently, so the rounding errors that an EMA keeps
-  summing partly cancel (``benchmarks/results/quantizer_study.txt``).
-  Elementwise integer ops, reproducible, no key to carry.
-  """
-  idx = jnp.zeros(shape, jnp.uint32)
-  stride = 1
-  for d in reversed(range(len(shape))):
-    idx = idx + jax.lax.broadcasted_iota(jnp.uint32, shape, d) * np.uint32(
-        stride % 2**32)
-    stride *= shape[d]
-  h = idx + np.uint32(salt)
-  h = h ^ (h >> 16)
-  h = h * np.uint32(0x85EBCA6B)
-  h = h ^ (h >> 13)
-  h = h * np.uint32(0xC2B2AE35)
-  h = h ^ (h >> 16)
-  return h + jnp.asarray(step).astype(jnp.uint32) * np.uint32(0x9E3779B9)
-
-
-def _codes_of(ratio: jax.Array, u_bits: Any, u: Any, mant_bits: int,
-              top: int, zero_free: bool) -> jax.Array:
-  """Codes ``0..top`` of ``ratio`` in ``[0, 1]`` (float32), by bit arithmetic.
-
-  A code is float32's exponent and top ``mant_bits`` mantissa bits, offset
-  so that ``1.0`` is ``top``; rounding adds ``u_bits`` (uniform over the
-  dropped bits, or half their range for nearest) before truncating, which
-  is unbiased in value because the mantissa is linear within a binade.
-  Below code 1 (``code_value(1)``): stochastically 0 or 1 (``u``), or 1
-  when ``zero_free``; exact zeros stay 0.
-  """
-  shift = 23 - mant_bits
-  one = 127 << mant_bits                     # (bits of 1.0) >> shift
-  bits = jax.lax.bitcast_convert_type(ratio, jnp.uint32)
-  k = ((bits + u_bits) >> shift).astype(jnp.int32) - (one - top)
-  smallest = np.float32(_code_value(1, mant_bits, top))
-  if zero_free:
-    low = jnp.where(ratio > 0, 1, 0)
-  else:
-    low = (u * smallest < ratio).astype(jnp.int32)
-  return jnp.where(k >= 1, jnp.minimum(k, top), low)
-
-
-def _code_value(k, mant_bits: int, top: int):
-  """The ratio code ``k >= 1`` stands for (NumPy, float64)."""
-  kbits = np.asarray(k, np.int64) + ((127 << mant_bits) - top)
-  e = (kbits >> mant_bits) - 127
-  m = kbits & ((1 << mant_bits) - 1)
-  return 2.0 ** e * (1 + m / 2.0**mant_bits)
-
-
-def _ratio_of(k: jax.Array, mant_bits: Any, top: int) -> jax.Array:
-  """The float32 ratio of codes ``k`` (``0`` for ``k == 0``), by bit shifts.
-
-  ``mant_bits`` is an int, or an integer array broadcasting against ``k``
-  (one code per block).
-  """
-  shift = 23 - mant_bits
-  offset = (127 << mant_bits) - top
-  if isinstance(mant_bits, int):
-    shift, offset = np.uint32(shift), np.int32(offset)
-  else:
-    shift, offset = shift.astype(jnp.uint32), offset.astype(jnp.int32)
-  kbits = (k + offset).astype(jnp.uint32) << shift
-  ratio = jax.lax.bitcast_convert_type(kbits, jnp.float32)
-  return jnp.where(k == 0, 0.0, ratio)
-
-
 def block_max(x: jax.Array, block: int, *, nonnegative: bool = False
               ) -> jax.Array:
   """``max |x|`` over each block of ``block`` entries of the last axis.
 
   The result has the shape of a :class:`QuantizedMoment`'s scales for ``x``.
-  Computed as ``max(max x, -min x)`` (``max x`` alone if ``nonnegative``):
-  plain reductions of ``x``, which XLA:CPU runs at memory speed, where a
-  reduction of ``|x|`` is fused with the ``abs`` and runs 2.5x slower
-  (``benchmarks/results/perf-notes.md``).
+  Computed as ``max(max x, -min x)`` (``max x`` alone if ``nonnegative``).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -420,16 +332,19 @@ def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None, *,
   # value per block, computed once (a divide XLA does not recompute per entry).
   inv = 1.0 / jnp.where(scale > 0, scale, np.float32(np.inf))
   ratio = jnp.minimum(mag * inv, 1.0)
-  mant_bits, top = (MANT_MU, _TOP_MU) if signed else (MANT_NU, _TOP_NU)
+  if signed:
+    mant_bits, top = float_code.MANT_MU, float_code.TOP_MU
+  else:
+    mant_bits, top = float_code.MANT_NU, float_code.TOP_NU
   shift = 23 - mant_bits
   if step is None:
     u_bits, u = np.uint32(1 << (shift - 1)), np.float32(0.5)
   else:
-    h = _blocked(_hash(x1.shape, step, 0x1B873593 if signed else 0x27D4EB2F),
-                 block)
+    salt = 0x1B873593 if signed else 0x27D4EB2F
+    h = _blocked(float_code.rounding_bits(x1.shape, step, salt), block)
     u_bits = h >> (32 - shift)
     u = (h >> 8).astype(jnp.float32) * np.float32(2.0**-24)
-  k = _codes_of(ratio, u_bits, u, mant_bits, top, zero_free=not signed)
+  k = float_code.codes_of(ratio, u_bits, u, mant_bits, top, zero_free=not signed)
   if signed:
     codes = jnp.where(xb < 0, -k, k).astype(jnp.int8)
   else:
@@ -465,9 +380,10 @@ def dequantize(q: QuantizedMoment) -> jax.Array:
   cb = _blocked(codes.astype(jnp.int32), block)
   s = scales[..., None]
   if signed:  # Per block: the current code (negative scale) or the one before.
-    mant = jnp.where(jnp.signbit(s), MANT_MU, MANT_MU_V1).astype(jnp.int32)
-    x = _ratio_of(jnp.abs(cb), mant, int(_TOP_MU)) * jnp.abs(s)
+    mant = jnp.where(jnp.signbit(s), float_code.MANT_MU,
+                     float_code.MANT_MU_V1).astype(jnp.int32)
+    x = float_code.ratio_of(jnp.abs(cb), mant, float_code.TOP_MU) * jnp.abs(s)
     x = jnp.where(cb < 0, -x, x)
   else:
-    x = _ratio_of(cb + 128, MANT_NU, int(_TOP_NU)) * s
+    x = float_code.ratio_of(cb + 128, float_code.MANT_NU, float_code.TOP_NU) * s
   return _unblocked(x, n).reshape(shape)

@@ -27,7 +27,6 @@ Typical use (MaxText-style sharded-state setup in one line)::
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 from typing import NamedTuple
 
@@ -49,7 +48,8 @@ __all__ = [
     "straddling_blocks",
 ]
 
-def fitted_fold_specs(params: Any, fold_level: int = 2) -> specs_lib.FoldSpecTree:
+def fitted_fold_specs(params: Any, fold_level: specs_lib.Level = 2
+                      ) -> specs_lib.FoldSpecTree:
   """The default policy's spec tree for these params, fitted to their shardings.
 
   Pass it as ``fold_spec=`` to pin the choice made on sharded params, so that
@@ -150,7 +150,8 @@ class Straddle(NamedTuple):
 
 
 def straddling_blocks(
-    params: Any, fold_spec: specs_lib.FoldSpecLike = None, fold_level: int = 2
+    params: Any, fold_spec: specs_lib.FoldSpecLike = None,
+    fold_level: specs_lib.Level = 2
 ) -> list[Straddle]:
   """Lists the leaves whose fold blocks would straddle two shards.
 
@@ -187,9 +188,8 @@ def straddling_blocks(
           f"fold_spec leaf at {jax.tree_util.keystr(path)} must be a FoldSpec "
           f"or None, got {spec!r}."
       )
-    if spec.level is None:
-      spec = dataclasses.replace(spec, level=fold_level)
-    found_here = specs_lib.straddle(spec, leaf)
+    found_here = specs_lib.straddle(
+        specs_lib.concrete_spec(spec, fold_level, leaf), leaf)
     if found_here is not None:
       block, shard_n = found_here
       found.append(

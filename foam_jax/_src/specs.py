@@ -36,6 +36,8 @@ from foam_jax._src.placement import shard_shape
 
 __all__ = [
     "FoldSpec",
+    "Level",
+    "concrete_spec",
     "FoldSpecTree",
     "default_fold_specs",
     "requested_fold_specs",
@@ -43,6 +45,9 @@ __all__ = [
     "is_spec_leaf",
     "straddle",
 ]
+
+# A fold level: blocks of 2**level entries, or "whole_axis" (one block).
+Level = int | str
 
 # Name fragments (lower case) of leaves the default policy leaves unfolded.
 UNFOLDED_NAME_FRAGMENTS = ("embed", "lm_head")
@@ -59,7 +64,9 @@ class FoldSpec:
     level: blocks hold ``2**level`` entries, so the state along ``axis`` is
       ``2**level`` times smaller. ``0`` is plain Adam (times ``alpha``);
       a level whose block exceeds the axis folds it into a single block.
-      ``None`` takes the transform's ``fold_level``.
+      ``"whole_axis"`` folds the whole axis into one block, whatever its
+      length (FOAM-Mini). ``None`` (the default) takes the transform's
+      ``fold_level``.
 
   Examples:
     >>> import jax.numpy as jnp, foam_jax
@@ -68,19 +75,29 @@ class FoldSpec:
     >>> tx = foam_jax.scale_by_foam(fold_spec=specs)
     >>> tx.init(params).mu["w"].shape
     (64, 1)
+    >>> specs = {"w": foam_jax.FoldSpec(axis=-2, level="whole_axis"), "b": None}
+    >>> foam_jax.scale_by_foam(fold_spec=specs).init(params).mu["w"].shape
+    (1, 8)
   """
 
   axis: int = -2
-  level: int | None = 2
+  level: Level | None = None
 
   def __post_init__(self):
     if isinstance(self.axis, bool) or not isinstance(self.axis, int):
       raise TypeError(f"FoldSpec.axis must be an int, got {self.axis!r}.")
+    if isinstance(self.level, str):
+      if self.level != folding.WHOLE_AXIS:
+        raise ValueError(
+            f"FoldSpec.level must be an int, {folding.WHOLE_AXIS!r} or None, "
+            f"got {self.level!r}.")
+      return
     if self.level is not None and (
         isinstance(self.level, bool) or not isinstance(self.level, int)
     ):
       raise TypeError(
-          f"FoldSpec.level must be an int or None, got {self.level!r}."
+          f"FoldSpec.level must be an int, {folding.WHOLE_AXIS!r} or None, "
+          f"got {self.level!r}."
       )
     if self.level is not None and self.level < 0:
       raise ValueError(f"FoldSpec.level must be >= 0, got {self.level}.")
@@ -112,17 +129,42 @@ def _largest_fitting_level(n: int, shard_n: int, level: int) -> int:
   return level
 
 
+def concrete_spec(spec: FoldSpec, fold_level: Level, leaf: Any) -> FoldSpec:
+  """``spec`` with an integer level for ``leaf``.
+
+  ``level=None`` takes ``fold_level``; ``"whole_axis"`` becomes the smallest
+  level whose block covers ``leaf``'s fold axis.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> concrete_spec(FoldSpec(axis=0, level="whole_axis"), 2, jnp.zeros((100, 3)))
+    FoldSpec(axis=0, level=7)
+  """
+  level = fold_level if spec.level is None else spec.level
+  if level == folding.WHOLE_AXIS:
+    level = folding.whole_axis_level(leaf.shape[spec.axis])
+  return dataclasses.replace(spec, level=level)
+
+
 def _fit_default_spec(spec: FoldSpec, leaf: Any) -> FoldSpec:
-  """Lowers the level or moves to axis -1 so blocks stay inside shards."""
+  """Lowers the level or moves to axis -1 so blocks stay inside shards.
+
+  Of the requested axis and the last one, the axis whose level must be
+  lowered least wins (the requested one on a tie); ``spec.level`` is
+  concrete for the requested axis, or ``"whole_axis"``.
+  """
   local = shard_shape(leaf)
   if local is None:
-    return spec
+    return concrete_spec(spec, spec.level, leaf)
   shape = tuple(leaf.shape)
-  best = None
+  best, least = None, None
   for axis in dict.fromkeys((spec.axis % len(shape), len(shape) - 1)):
-    level = _largest_fitting_level(shape[axis], local[axis], spec.level)
-    if best is None or level > best.level:
-      best = FoldSpec(axis=axis - len(shape), level=level)
+    wanted = spec.level
+    if wanted == folding.WHOLE_AXIS:
+      wanted = folding.whole_axis_level(shape[axis])
+    level = _largest_fitting_level(shape[axis], local[axis], wanted)
+    if least is None or wanted - level < least:
+      best, least = FoldSpec(axis=axis - len(shape), level=level), wanted - level
   return best
 
 
@@ -156,7 +198,7 @@ def _check_explicit_spec(spec: FoldSpec, leaf: Any, path) -> None:
     )
 
 
-def default_fold_specs(params: Any, fold_level: int = 2) -> FoldSpecTree:
+def default_fold_specs(params: Any, fold_level: Level = 2) -> FoldSpecTree:
   """The paper's policy: which leaves to fold, as a spec tree.
 
   Leaves with ``ndim >= 2`` get ``FoldSpec(axis=-2, level=fold_level)``,
@@ -194,7 +236,7 @@ def default_fold_specs(params: Any, fold_level: int = 2) -> FoldSpecTree:
 
 
 def requested_fold_specs(
-    params: Any, fold_spec: FoldSpecLike, fold_level: int
+    params: Any, fold_spec: FoldSpecLike, fold_level: Level
 ) -> FoldSpecTree:
   """The spec tree a ``fold_spec`` argument asks for, before any checks.
 
@@ -209,7 +251,7 @@ def requested_fold_specs(
 
 
 def resolve_fold_specs(
-    params: Any, fold_spec: FoldSpecLike, fold_level: int
+    params: Any, fold_spec: FoldSpecLike, fold_level: Level
 ) -> FoldSpecTree:
   """Turns a ``fold_spec`` argument into a checked spec tree for ``params``.
 
@@ -251,8 +293,6 @@ def resolve_fold_specs(
       )
     if spec is None:
       return None
-    if spec.level is None:
-      spec = dataclasses.replace(spec, level=fold_level)
     ndim = leaf.ndim
     if ndim == 0:
       raise ValueError(
@@ -265,7 +305,9 @@ def resolve_fold_specs(
           f"{_path_str(path)} with shape {tuple(leaf.shape)}."
       )
     if is_default:
-      return _fit_default_spec(spec, leaf)
+      level = fold_level if spec.level is None else spec.level
+      return _fit_default_spec(dataclasses.replace(spec, level=level), leaf)
+    spec = concrete_spec(spec, fold_level, leaf)
     _check_explicit_spec(spec, leaf, path)
     return spec
 

@@ -13,7 +13,6 @@ import optax
 from foam_jax._src import folding
 from foam_jax._src import moment
 from foam_jax._src import placement
-from foam_jax._src import quantize
 from foam_jax._src import specs as specs_lib
 from foam_jax._src import validation as _validation
 
@@ -21,7 +20,8 @@ __all__ = ["ScaleByFoamState", "scale_by_foam"]
 
 SecondMoment = Literal["mean_of_squares", "square_of_mean"]
 _SECOND_MOMENTS = ("mean_of_squares", "square_of_mean")
-
+BiasCorrection = Literal["step_size", "moments"]
+_BIAS_CORRECTIONS = ("step_size", "moments")
 
 
 class ScaleByFoamState(NamedTuple):
@@ -47,13 +47,14 @@ def scale_by_foam(
     eps_root: float = 0.0,
     mu_dtype: Any | None = None,
     *,
-    fold_level: int | None = None,
+    fold_level: specs_lib.Level | None = None,
     alpha: float = 1.0,
     residual_scale: float = 1.0,
     fold_spec: specs_lib.FoldSpecLike = None,
     second_moment: SecondMoment = "mean_of_squares",
     nu_dtype: Any | None = None,
     nesterov: bool = False,
+    bias_correction: BiasCorrection = "step_size",
 ) -> optax.GradientTransformation:
   r"""Rescales updates with FOAM: Adam whose moments are stored folded.
 
@@ -77,16 +78,29 @@ def scale_by_foam(
   is fed :math:`|F(g_t)|^2` (the paper's text) instead of :math:`F(|g_t|^2)`
   (the authors' code, the default).
 
-  Bias correction is applied to the step size, with :math:`\epsilon` added to
-  the uncorrected :math:`\sqrt{V}`, as in the authors' code (and Hugging
-  Face's ``AdamW``). It equals ``optax.scale_by_adam`` with the same
-  ``eps_root`` and :math:`\epsilon_t = \epsilon / \sqrt{1 - \beta_2^t}`; with
-  ``fold_level=0`` and ``alpha=1``, FOAM *is* that Adam. With
-  ``nesterov=True`` the first moment :math:`M_t` is replaced, as in
-  ``optax.scale_by_adam(nesterov=True)``, by
+  Bias correction (``bias_correction``):
+
+  * ``"step_size"`` (default): applied to the step size, with
+    :math:`\epsilon` added to the uncorrected :math:`\sqrt{V}`, as in the
+    authors' code (and Hugging Face's ``AdamW``), the formula above. It
+    equals ``optax.scale_by_adam`` with the same ``eps_root`` and
+    :math:`\epsilon_t = \epsilon / \sqrt{1 - \beta_2^t}`.
+  * ``"moments"``: each moment is corrected, as ``optax.scale_by_adam``
+    does, operation for operation:
+
+    .. math::
+
+      u_t = \alpha \frac{M_t / (1 - \beta_1^t)}
+            {\sqrt{V_t / (1 - \beta_2^t) + \epsilon_{root}} + \epsilon}
+
+    so that with ``fold_level=0`` and ``alpha=1`` it equals
+    ``optax.scale_by_adam`` bit for bit (folded Muon's AdamW part uses it).
+
+  With ``fold_level=0`` and ``alpha=1``, FOAM *is* Adam in either form.
+  With ``nesterov=True`` the first moment :math:`M_t / (1 - \beta_1^t)` is
+  replaced, as in ``optax.scale_by_adam(nesterov=True)``, by
   :math:`\frac{\beta_1 M_t}{1 - \beta_1^{t+1}} + \frac{(1 - \beta_1)
-  g_t}{1 - \beta_1^t}` (times :math:`1 - \beta_1^t`, which the step size
-  divides out again).
+  g_t}{1 - \beta_1^t}`.
 
   Complex parameters are supported as by ``optax.scale_by_adam``: the fold
   of a complex gradient is its complex block mean, and squares are
@@ -106,13 +120,14 @@ def scale_by_foam(
       complex dtype of 16 bits or more, or ``jnp.int8`` (or ``"int8"``):
       blockwise-quantized 8-bit storage, int8 codes plus one float32 scale
       per 256 entries of the last axis (:class:`foam_jax.QuantizedMoment`),
-      dequantized, updated and requantized in one pass; the update reads
-      the new moment before requantization. Other integer and 8-bit float
-      dtypes are refused.
+      dequantized, updated and requantized; the update reads the new moment
+      before requantization. Other integer and 8-bit float dtypes are
+      refused.
     fold_level: the level ``l`` of the default policy (blocks of ``2**l``
-      entries) and of ``FoldSpec(level=None)`` entries; ``None`` is ``2``.
-      ``0`` is plain Adam. A Python int: under ``optax.inject_hyperparams``
-      an explicitly passed level needs ``static_args=("fold_level",)``.
+      entries) and of ``FoldSpec(level=None)`` entries; ``None`` is ``2``,
+      ``0`` is plain Adam, ``"whole_axis"`` folds each fold axis into one
+      block (FOAM-Mini). Under ``optax.inject_hyperparams`` an explicitly
+      passed level needs ``static_args=("fold_level",)``.
     alpha: scale of the update of folded leaves only (the paper's "scale";
       its recipe uses ``0.25`` with learning rate ``1e-2``).
     residual_scale: ``c`` above; ``0`` drops the residual.
@@ -125,6 +140,8 @@ def scale_by_foam(
       of the param's precision); a real floating dtype of 16 bits or more,
       or ``jnp.int8`` (blockwise-quantized, as ``mu_dtype``).
     nesterov: use Nesterov momentum, as ``optax.scale_by_adam``.
+    bias_correction: ``"step_size"`` (the authors' form) or ``"moments"``
+      (``optax.scale_by_adam``'s), see above.
 
   Returns:
     An ``optax.GradientTransformation`` with state :class:`ScaleByFoamState`.
@@ -142,18 +159,21 @@ def scale_by_foam(
     >>> params = optax.apply_updates(params, updates)
 
   References:
+    Kingma and Ba, `Adam: A Method for Stochastic Optimization
+    <https://arxiv.org/abs/1412.6980>`_, 2014
+
     Wen et al., `FOAM: Blocked State Folding for Memory-Efficient LLM
     Training <https://arxiv.org/abs/2512.07112>`_, 2025.
   """
   b1, b2, eps, eps_root, alpha, residual_scale = _validation.adam_hyperparameters(
       b1, b2, eps, eps_root, alpha, residual_scale)
   fold_level = _validation.fold_level_or_default(fold_level)
-  if second_moment not in _SECOND_MOMENTS:
-    raise ValueError(
-        f"second_moment must be one of {_SECOND_MOMENTS}, got {second_moment!r}."
-    )
+  _validation.check_choice("second_moment", second_moment, _SECOND_MOMENTS)
+  _validation.check_choice("bias_correction", bias_correction, _BIAS_CORRECTIONS)
   mu_dtype = _validation.storage_dtype("mu_dtype", mu_dtype)
   nu_dtype = _validation.storage_dtype("nu_dtype", nu_dtype, real=True)
+  # Optax's form also takes Optax's operand order in the EMAs (moment.ema).
+  optax_form = bias_correction == "moments"
 
   def init_fn(params):
     specs = specs_lib.resolve_fold_specs(params, fold_spec, fold_level)
@@ -173,10 +193,9 @@ def scale_by_foam(
     specs = specs_lib.resolve_fold_specs(updates, fold_spec, fold_level)
     count = optax.safe_increment(state.count)
     t = count.astype(jnp.float32)
-    # Bias correction on the step size (authors' code / HF AdamW form):
-    # u = sqrt(1 - b2^t) * (a M + b g) / (sqrt(V + eps_root (1 - b2^t)) + eps)
-    # with a = 1 / (1 - b1^t), b = 0; Nesterov: a = b1 / (1 - b1^(t+1)),
-    # b = (1 - b1) / (1 - b1^t) (optax.scale_by_adam's nesterov form).
+    # The authors' form: u = sqrt(1 - b2^t) (a M + b g) / (sqrt(V + eps_root
+    # (1 - b2^t)) + eps) with a = 1 / (1 - b1^t), b = 0; Nesterov: a = b1 /
+    # (1 - b1^(t+1)), b = (1 - b1) / (1 - b1^t) (optax.scale_by_adam's form).
     root_step = jnp.sqrt(1.0 - b2**t)
     if nesterov:
       a = b1 / (1.0 - b1 ** (t + 1.0))
@@ -185,8 +204,8 @@ def scale_by_foam(
       a, b = 1.0 / (1.0 - b1**t), None
     no_eps_root = isinstance(eps_root, (int, float)) and eps_root == 0
 
-    def direction(m, v, g, scale):
-      """The step direction from the (unfolded) moments and the gradient."""
+    def step_size_direction(m, v, g, scale):
+      """``u`` with the bias correction on the step size (authors' form)."""
       if not no_eps_root:
         v = v + eps_root * (1.0 - b2**t)
       den = jnp.sqrt(v) + eps
@@ -194,46 +213,59 @@ def scale_by_foam(
         return (scale * root_step * a) * m / den
       return (scale * root_step) * (a * m + b * g) / den
 
-    def leaf_update(spec, g, mu, nu):
-      if isinstance(g, optax.MaskedNode):
-        return g, mu, nu
-      out_dtype = g.dtype
+    def read(spec, g, mu, nu):
+      """New moments and their reads ``M``, ``V`` (blocked view) for a leaf."""
       compute = jnp.promote_types(g.dtype, jnp.float32)
       real = moment.real_dtype(compute)  # Of the second moment.
-      # The blocked view of g (g itself for a leaf that is not folded): block
-      # sums are slices + adds and unfold is a broadcast, so XLA fuses a leaf
-      # into three loops, each reading g once, with no temporaries.
       geom = moment.geometry(spec, g.shape, mu.shape)
-      gate = gates.next()
       fg = moment.FoldedGradient(g, geom, compute_dtype=compute,
                                  residual_scale=residual_scale,
-                                 count_dtype=real, gate=gate,
-                                 quantized=quantize.is_quantized(mu, nu))
+                                 count_dtype=real)
       if second_moment == "mean_of_squares" or geom is None:
         g_sq_mean = fg.mean_of_squares()
       else:
         g_sq_mean = folding.abs_sq(fg.mean)
       # The update reads float moments as stored (rounded to mu_dtype/
-      # nu_dtype), as the authors' in-place PyTorch code does: then XLA can
-      # overwrite low-precision states in place instead of keeping float32
-      # copies. 8-bit moments are read before requantization (moment.ema).
+      # nu_dtype), as the authors' in-place PyTorch code does; 8-bit moments
+      # are read before requantization (moment.ema).
       mu_max, nu_max = moment.gradient_maxima(fg.mean, geom, mu, nu)
-      folded_gate = None if geom is None else gate
-      mu_step = moment.ema(mu, fg.mean, b1, compute, step=count,
-                           target_max=mu_max, gate=folded_gate)
-      nu_step = moment.ema(nu, g_sq_mean, b2, real, step=count,
-                           target_max=nu_max, gate=folded_gate)
-      u_blocks = direction(fg.read(mu_step.read), fg.read_energy(nu_step.read),
-                           fg.blocks, 1.0 if geom is None else alpha)
-      mu_new, nu_new = mu_step.store(u_blocks), nu_step.store(u_blocks)
-      gates.done(mu_new)
-      return fg.unblock(u_blocks).astype(out_dtype), mu_new, nu_new
+      mu_read, mu_new = moment.ema(mu, fg.mean, b1, compute, step=count,
+                                   optax_order=optax_form, target_max=mu_max)
+      nu_read, nu_new = moment.ema(nu, g_sq_mean, b2, real, step=count,
+                                   optax_order=optax_form, target_max=nu_max)
+      scale = 1.0 if geom is None else alpha
+      return (fg, fg.read(mu_read), fg.read_energy(nu_read), scale,
+              mu_new, nu_new)
 
-    # On XLA:CPU some leaves compute their block statistics in a pass of
-    # their own, one leaf after another (moment.FoldedGradient).
-    gates = moment.GateChain(count)
-    updates, mu, nu = moment.map_leaves(
-        leaf_update, specs, updates, state.mu, state.nu, outputs=3)
+    def step_size_leaf(spec, g, mu, nu):
+      if isinstance(g, optax.MaskedNode):
+        return g, mu, nu
+      fg, m, v, scale, mu_new, nu_new = read(spec, g, mu, nu)
+      u = fg.unblock(step_size_direction(m, v, fg.blocks, scale))
+      return u.astype(g.dtype), mu_new, nu_new
+
+    def moments_leaf(spec, g, mu, nu):
+      if isinstance(g, optax.MaskedNode):
+        return g, g, g, mu, nu
+      fg, m, v, scale, mu_new, nu_new = read(spec, g, mu, nu)
+      return fg.unblock(m), fg.unblock(v), scale, mu_new, nu_new
+
+    if not optax_form:
+      updates, mu, nu = moment.map_leaves(
+          step_size_leaf, specs, updates, state.mu, state.nu, outputs=3)
+      return updates, ScaleByFoamState(count=count, mu=mu, nu=nu)
+    m, v, scale, mu, nu = moment.map_leaves(
+        moments_leaf, specs, updates, state.mu, state.nu, outputs=5)
+    # From here on optax.scale_by_adam on the reads, tree by tree as Optax
+    # does it (its tree functions are jitted over the whole tree, so the
+    # same calls give the same bits).
+    g = jax.tree.map(lambda x, y: x.astype(y.dtype), updates, m)
+    m_hat = moment.first_moment_hat(m, g, b1, count, nesterov)
+    v_hat = optax.tree.bias_correction(v, b2, count)
+    updates = jax.tree.map(
+        lambda m, v, a, g: (a * (m / (jnp.sqrt(v + eps_root) + eps))
+                            ).astype(g.dtype),
+        m_hat, v_hat, scale, updates)
     return updates, ScaleByFoamState(count=count, mu=mu, nu=nu)
 
   return optax.GradientTransformation(init_fn, update_fn)

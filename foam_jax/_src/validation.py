@@ -100,7 +100,8 @@ def check_level(name: str, value: Any) -> None:
   """Raises unless ``value`` is a non-negative Python ``int``."""
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
     raise TypeError(
-        f"{name} must be a non-negative Python int, got {value!r}. (With "
+        f"{name} must be a non-negative Python int or {folding.WHOLE_AXIS!r}, "
+        f"got {value!r}. (With "
         f"optax.inject_hyperparams, pass static_args=('{name}',).)"
     )
   if value < 0:
@@ -144,10 +145,21 @@ def storage_dtype(name: str, value: Any, *, real: bool = False) -> jnp.dtype | N
   return dtype
 
 
-def fold_level_or_default(value: Any) -> int:
-  """``value`` checked as a fold level; ``None`` is the default level 2."""
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+  """Raises ``ValueError`` unless ``value`` is one of ``choices``."""
+  if not isinstance(value, str) or value not in choices:
+    raise ValueError(f"{name} must be one of {choices}, got {value!r}.")
+
+
+def fold_level_or_default(value: Any) -> int | str:
+  """``value`` checked as a fold level; ``None`` is the default level 2.
+
+  A level is a non-negative Python ``int`` or ``"whole_axis"``.
+  """
   if value is None:
     return folding.DEFAULT_FOLD_LEVEL
+  if isinstance(value, str) and value == folding.WHOLE_AXIS:
+    return value
   check_level("fold_level", value)
   return value
 
