@@ -32,6 +32,7 @@ import optax
 from flax import nnx
 
 from benchmarks import common
+from benchmarks import grid
 from benchmarks.convergence_plan import around
 from benchmarks.convergence_plan import PLANS
 from benchmarks.convergence_plan import run_plan
@@ -40,7 +41,6 @@ from benchmarks.convergence_report import summarize
 from benchmarks.convergence_report import write_report
 from examples.llama import configs
 from examples.llama import data
-from examples.llama import optimizers
 from examples.llama import sharding
 from examples.llama import state
 from examples.llama import steps
@@ -90,9 +90,8 @@ def make_optimizer(name: str, total_steps: int, hidden_size: int,
   the unit-peak update by it: one compilation serves the lr grid and seeds.
   """
   settings = {**SETTINGS.get(name, {}), **foam_kwargs}
-  tx = optimizers.make_optimizer(name, 1.0, total_steps, hidden_size=hidden_size,
-                                 **settings)
-  return optax.chain(tx, steps.scale_by_lr_arg())
+  tx = grid.make_optimizer(name, 1.0, total_steps, hidden_size=hidden_size, **settings)
+  return optax.chain(tx, grid.scale_by_lr_arg())
 
 
 _COMPILED: dict[Any, Any] = {}

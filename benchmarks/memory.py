@@ -39,6 +39,7 @@ from flax import nnx
 
 import foam_jax
 from benchmarks import common
+from benchmarks import grid
 from benchmarks.memory_report import GIB
 from benchmarks.memory_report import headline_fits
 from benchmarks.memory_report import PAPER_FIGURE
@@ -57,8 +58,6 @@ _RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 OPTIMIZERS = ("adamw", "adafactor", "lion", "muon", "galore", "foam_l1",
               "foam", "foam_l3", "foam_l4", "foam_mini", "foam_muon",
               "foam_muon_l4", "foam_lion", "foam_lion_l4")
-# Registry optimizers with int8 moments (``mu_dtype=nu_dtype="int8"``).
-INT8 = {"foam_int8": "foam", "foam_mini_int8": "foam_mini"}
 # The int8 section: the bf16 baselines and the int8 variants.
 INT8_OPTIMIZERS = ("adamw", "foam", "foam_mini", "foam_int8", "foam_mini_int8")
 
@@ -75,18 +74,14 @@ def abstract_params(config: configs.LlamaConfig, dtype: Any = "float32") -> dict
 
 
 def make_optimizer(name: str, hidden: int) -> optax.GradientTransformation:
-  """Registry optimizer ``name`` at a constant lr (state shapes are what count).
+  """Grid optimizer ``name`` at a constant lr (state shapes are what count).
 
   Muon and GaLore act on the same matrices FOAM folds (embeddings and the
   head get Adam), as in the papers' memory figures. GaLore's rank is
   ``hidden / 4`` (the GaLore paper's 128 at 60M, 512 at 1B, 1024 at 7B).
-  ``foam_mini_int8`` is ``foam_mini`` with int8 moments (as the registry's
-  ``foam_int8`` is ``foam``'s).
+  Names are the benchmark grid's (``benchmarks.grid``).
   """
-  if name == "foam_mini_int8":
-    return optimizers.make_optimizer(INT8[name], 1e-3, hidden_size=hidden,
-                                     mu_dtype="int8", nu_dtype="int8")
-  return optimizers.make_optimizer(name, 1e-3, hidden_size=hidden)
+  return grid.make_optimizer(name, 1e-3, hidden_size=hidden)
 
 
 # --------------------------------------------------------------------------
@@ -464,7 +459,7 @@ def main(argv=None) -> dict[str, Any]:
     log("largest fitting model ...")
     redone = {(o, w, float(b)) for o in fit_opts for w in widths for b in budgets}
     kept = [r for r in results.get("fits") or []
-            if (optimizers.canonical_name(r["optimizer"]), r["width_of"],
+            if (grid.canonical_name(r["optimizer"]), r["width_of"],
                 float(r["budget_gib"])) not in redone]
     results["fits"] = kept + largest_fitting(
         widths, budgets, fit_opts, batch=batch, seq_len=seq,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks import common
-from examples.llama.optimizers import canonical_name
+from benchmarks.grid import canonical_name
 
 __all__ = ["GB", "GIB", "PAPER_FIGURE", "headline_fits", "paper_parameter_fit",
            "plot_paper_figure", "render"]

@@ -49,12 +49,12 @@ import optax
 from flax import nnx
 
 from benchmarks import common
+from benchmarks import grid
 from benchmarks import step_time_runners as runners_lib
 from benchmarks.step_time_report import _mb
 from benchmarks.step_time_report import render
 from examples.llama import configs
 from examples.llama import model
-from examples.llama import optimizers
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -127,15 +127,14 @@ def random_params(cfg: configs.LlamaConfig, seed: int = 0) -> dict[str, Any]:
 
 
 def make_tx(name: str, hidden_size: int, lr: float = LR) -> optax.GradientTransformation:
-  """Registry optimizer ``name`` at a constant ``lr`` with this benchmark's settings."""
-  return optimizers.make_optimizer(name, lr, hidden_size=hidden_size,
-                                   **SETTINGS.get(name, {}))
+  """Grid optimizer ``name`` at a constant ``lr`` with this benchmark's settings."""
+  return grid.make_optimizer(name, lr, hidden_size=hidden_size, **SETTINGS.get(name, {}))
 
 
 def describe(slow_max_params: float) -> str:
   """What the timed optimizers are, for the results file."""
   return (
-      f"Optimizers: the example's registry (`examples/llama/optimizers.py`) at "
+      f"Optimizers: the benchmark grid (`benchmarks/grid.py`, the example's families) at "
       f"a constant lr {LR:g}, weight decay {SETTINGS['adamw']['weight_decay']:g} "
       f"for AdamW and every FOAM variant (foam_jax.foam's default) and "
       f"{SETTINGS['lion']['weight_decay']:g} for Lion and folded Lion (Optax's "
@@ -286,9 +285,9 @@ def main(argv=None) -> dict[str, Any]:
   names = list(QUICK_OPTIMIZERS if args.quick else STEP_OPTIMIZERS)
   if args.optimizers:
     names = args.optimizers.split(",")
-    unknown = sorted(set(names) - set(optimizers.OPTIMIZERS))
+    unknown = sorted(set(names) - set(grid.NAMES))
     if unknown:
-      raise ValueError(f"--optimizers: unknown {unknown}; known: {optimizers.OPTIMIZERS}")
+      raise ValueError(f"--optimizers: unknown {unknown}; known: {grid.NAMES}")
   if "adamw" not in names:
     names = ["adamw"] + names
   if args.quick:

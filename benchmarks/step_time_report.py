@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks import common
-from examples.llama.optimizers import canonical_name
+from benchmarks.grid import canonical_name
 
 __all__ = ["render"]
 

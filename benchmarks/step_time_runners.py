@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from benchmarks import common
-from examples.llama import optimizers
+from benchmarks import grid
 from examples.llama import sharding
 from examples.llama import state
 from examples.llama import steps
@@ -123,8 +123,7 @@ class TrainRunner:
 
   def __init__(self, name, model_cfg, batch, total_steps=1000):
     mesh = sharding.make_mesh({"fsdp": 1, "tp": 1})
-    tx = optimizers.make_optimizer(name, None, total_steps,
-                                   hidden_size=model_cfg.hidden_size)
+    tx = grid.make_optimizer(name, None, total_steps, hidden_size=model_cfg.hidden_size)
     graphdef, self.params, shardings = state.create_state(model_cfg, tx, mesh)
     batch_sharding = sharding.batch_sharding(mesh)
     self.batch = jax.device_put(batch, batch_sharding)

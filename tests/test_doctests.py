@@ -12,10 +12,11 @@ MODULES = [
     *(f"examples.llama.{m}" for m in (
         "checkpoints", "configs", "data", "datasets", "distributed", "generate", "loader",
         "model", "optimizers", "outputs", "prepare_data", "sharding", "state", "steps",
-        "tokenizers", "train_config")),
+        "switch", "tokenizers", "train_config")),
     *(f"benchmarks.{m}" for m in (
-        "common", "convergence", "convergence_plan", "convergence_report", "memory",
-        "memory_report", "step_time", "step_time_report", "step_time_runners")),
+        "common", "convergence", "convergence_plan", "convergence_report", "grid", "memory",
+        "memory_report", "step_time", "step_time_compare", "step_time_report",
+        "step_time_runners")),
 ]
 
 

@@ -1,4 +1,4 @@
-"""The one optimizer registry (examples.llama.optimizers)."""
+"""The example's optimizer families (examples.llama.optimizers)."""
 
 import math
 
@@ -16,16 +16,18 @@ from examples.llama import state
 from examples.llama import steps
 
 SMALL = {"num_layers": 1, "hidden_size": 64, "intermediate_size": 176, "num_heads": 4}
-# One of each builder (the FOAM variants share one).
-ONE_EACH = ("foam", "foam_l3_ax1", "foam_mini", "adamw", "adafactor", "lion", "muon",
-            "galore", "foam_lion", "foam_muon")
+# Every family, and FOAM with its fold settings.
+ONE_EACH = [(name, {}) for name in optimizers.OPTIMIZERS] + [
+    ("foam", {"fold_level": 3, "fold_axis": -1}), ("foam_mini", {"fold_axis": -1})]
+IDS = [name + "".join(f"-{k}={v}" for k, v in s.items()) for name, s in ONE_EACH]
 
 
-@pytest.mark.parametrize("name", ONE_EACH)
-def test_every_optimizer_takes_steps(name):
+@pytest.mark.parametrize("name,settings", ONE_EACH, ids=IDS)
+def test_every_optimizer_takes_steps(name, settings):
   cfg = configs.get_config("tiny", **SMALL)
   mesh = sharding.make_mesh({"fsdp": 1, "tp": 1})
-  tx = optimizers.make_optimizer(name, None, total_steps=10, clip=1.0, hidden_size=64)
+  tx = optimizers.make_optimizer(name, None, total_steps=10, clip=1.0, hidden_size=64,
+                                 **settings)
   graphdef, st, shardings = state.create_state(cfg, tx, mesh)
   step = steps.make_train_step(graphdef, shardings, sharding.batch_sharding(mesh))
   before = jax.device_get(nnx.to_pure_dict(st))
@@ -54,22 +56,23 @@ def test_muon_keeps_adam_for_embeddings_and_lm_head():
     assert (256, 8) in shapes and (8, 256) in shapes  # Adam moments kept
 
 
-@pytest.mark.parametrize("name,level", [("foam_muon", 2), ("foam_muon_l4", 4),
-                                        ("foam_lion", 2), ("foam_lion_l4", 4)])
+@pytest.mark.parametrize("name,level", [("foam_muon", 2), ("foam_muon", 4),
+                                        ("foam_lion", 2), ("foam_lion", 4)])
 def test_folded_muon_and_lion_fold_their_momentum(name, level):
   """Their momentum is the hidden matrices' fold; embeddings keep full size."""
   params = {"embed_tokens": {"embedding": np.zeros((256, 32), np.float32)},
             "q_proj": {"kernel": np.zeros((32, 32), np.float32)}}
+  settings = {} if level == 2 else {"fold_level": level}  # 2: the default.
   shapes = [x.shape for x in jax.tree.leaves(
-      optimizers.make_optimizer(name, total_steps=10).init(params))]
+      optimizers.make_optimizer(name, total_steps=10, **settings).init(params))]
   assert (32 // 2**level, 32) in shapes and (32, 32) not in shapes
   assert (256, 32) in shapes
 
 
 
 
-@pytest.mark.parametrize("name", ONE_EACH)
-def test_updates_are_linear_in_the_peak_lr(name):
+@pytest.mark.parametrize("name,settings", ONE_EACH, ids=IDS)
+def test_updates_are_linear_in_the_peak_lr(name, settings):
   """Benchmarks compile one step per optimizer and scale it by the lr."""
   key = jax.random.PRNGKey(0)
   params = {"layer": {"kernel": jax.random.normal(key, (8, 4))},
@@ -78,7 +81,7 @@ def test_updates_are_linear_in_the_peak_lr(name):
   grads = jax.tree.map(lambda p: jnp.cos(3.0 * p) + 0.1, params)
 
   def updates(lr):
-    tx = optimizers.make_optimizer(name, lr, total_steps=10, hidden_size=8)
+    tx = optimizers.make_optimizer(name, lr, total_steps=10, hidden_size=8, **settings)
     opt_state = tx.init(params)
     for _ in range(3):
       u, opt_state = tx.update(grads, opt_state, params)
@@ -89,17 +92,33 @@ def test_updates_are_linear_in_the_peak_lr(name):
     np.testing.assert_allclose(np.asarray(b), 0.037 * np.asarray(a), rtol=1e-5, atol=1e-9)
 
 
-def test_one_naming_scheme_and_old_names_map_onto_it():
-  assert "foam" in optimizers.OPTIMIZERS and "foam_l2" not in optimizers.OPTIMIZERS
-  for old, new in [("foam_l2", "foam"), ("foam-l2", "foam"), ("foam-mini", "foam_mini"),
-                   ("foam-l4", "foam_l4"), ("foam-l2-ax-1", "foam_l2_ax1"),
-                   ("foam_l1", "foam_l1")]:
-    assert optimizers.canonical_name(old) == new
-    assert new in optimizers.OPTIMIZERS
-  tx = optimizers.make_optimizer("foam_l2_ax1", 1e-3)
+def test_families_with_settings_and_named_errors():
+  assert optimizers.OPTIMIZERS == ("adamw", "foam", "foam_mini", "foam_muon", "foam_lion",
+                                   "lion", "muon", "adafactor", "galore")
+  tx = optimizers.make_optimizer("foam", 1e-3, fold_level=2, fold_axis=-1)
   mu = tx.init({"q_proj": jnp.zeros((16, 8))})[0].mu["q_proj"]
   assert mu.shape == (16, 2)  # folded 4x along the last axis
   with pytest.raises(ValueError, match="Unknown optimizer"):
     optimizers.make_optimizer("adam")
   with pytest.raises(ValueError, match="galore needs hidden_size"):
     optimizers.make_optimizer("galore")
+  with pytest.raises(ValueError, match="'adamw' has no fold_level setting"):
+    optimizers.make_optimizer("adamw", fold_level=3)
+  with pytest.raises(ValueError, match="fold_axis must be one of"):
+    optimizers.make_optimizer("foam", fold_axis=0)
+
+
+def test_fold_flags_reach_the_optimizer_and_are_refused_where_they_do_not_apply(capsys):
+  from examples.llama import train_config  # pylint: disable=g-import-not-at-top
+  cfg = train_config.parse_args(["--optimizer", "foam", "--fold-level", "3", "--fold-axis", "-1"])
+  assert cfg.optimizer_settings() == {"fold_level": 3, "fold_axis": -1}
+  tx = optimizers.make_optimizer(cfg.optimizer, None, **cfg.optimizer_settings())
+  assert tx.init({"q_proj": jnp.zeros((16, 32))})[0].mu["q_proj"].shape == (16, 4)
+  for argv in (["--optimizer", "adamw", "--fold-level", "3"],
+               ["--optimizer", "foam_muon", "--fold-axis", "-1"],
+               ["--optimizer", "foam", "--fold-axis", "0"]):
+    with pytest.raises(SystemExit):
+      train_config.parse_args(argv)
+  err = capsys.readouterr().err
+  assert "--fold-level 3: optimizer 'adamw' has no fold_level setting" in err
+  assert "optimizer 'foam_muon' has no fold_axis setting" in err

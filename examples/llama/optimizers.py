@@ -1,13 +1,17 @@
-"""The optimizer registry of the example and of every benchmark.
+"""The example's optimizers: families a user picks, with the settings they choose.
 
-One name per optimizer (``make_optimizer(name, ...)``), built the way Optax's
-``alias.py`` builds variants: a few builder functions and
-``functools.partial`` for each named setting of them.
+One name per optimizer family (``make_optimizer(name, ...)``), built the way
+Optax's ``alias.py`` builds optimizers, with the settings a user would pass:
 
-* ``foam``: FOAM at fold level 2 along axis -2 (Flax's input axis), the
-  paper's recipe ``alpha=0.25``; ``foam_l{N}`` folds at level ``N``,
-  ``foam_l{N}_ax1`` along the last axis; ``foam_mini`` folds each matrix's
-  whole fold axis into one block (``foam_jax.foam_mini``).
+* ``foam``: ``foam_jax.foam`` with the paper's recipe (``alpha=0.25``, betas
+  0.9/0.95, no weight decay); ``fold_level`` (default: the library's, 2)
+  and ``fold_axis`` (default ``-2``, Flax's input axis; ``-1`` folds the
+  last axis of the leaves the default policy folds).
+* ``foam_mini``: ``foam_jax.foam_mini``, each fold axis one block;
+  ``fold_axis`` as for ``foam``.
+* ``foam_muon``, ``foam_lion``: ``foam_jax.foam_muon`` and
+  ``foam_jax.foam_lion``, Muon's and Lion's momentum folded at
+  ``fold_level`` (default 2), with ``muon``'s and ``lion``'s settings.
 * ``adamw``, ``adafactor``, ``lion``: Optax's.
 * ``muon``: ``optax.contrib.muon`` on the hidden matrices; embeddings,
   ``lm_head`` and 1-D leaves get its AdamW, at ``adam_lr_ratio`` times the
@@ -15,15 +19,13 @@ One name per optimizer (``make_optimizer(name, ...)``), built the way Optax's
 * ``galore``: ``optax.contrib.galore`` on the same matrices, the GaLore
   paper's recipe (rank ``hidden_size / 4``, scale 0.25, Adam in the
   subspace, projection refreshed every quarter of the run).
-* ``foam_muon``, ``foam_lion`` (``_l4``: level 4): ``foam_jax.foam_muon`` and
-  ``foam_jax.foam_lion``, Muon's and Lion's momentum folded at level 2, with
-  ``muon``'s and ``lion``'s settings and default learning rates.
 
 Moment storage (``mu_dtype=``, ``nu_dtype=``; ``MOMENT_DTYPES`` lists what
-each optimizer takes): ``float32``, ``bfloat16`` or ``int8`` (blockwise 8-bit,
+each family takes): ``float32``, ``bfloat16`` or ``int8`` (blockwise 8-bit,
 ``foam_jax.QuantizedMoment``) for FOAM, FOAM-Mini, folded Muon and folded
 Lion; ``float32`` or ``bfloat16`` for the first moment of Optax's AdamW, Lion
-and Muon; none for Adafactor, GaLore and ``foam_int8`` (int8 fixed).
+and Muon; none for Adafactor and GaLore. ``FOLD_SETTINGS`` lists which
+families take ``fold_level`` and ``fold_axis``.
 
 "Hidden matrices" are one rule for all: the leaves FOAM's default policy
 folds (``foam_jax.default_fold_specs``), which for Muon and GaLore must also
@@ -38,8 +40,6 @@ wants a 3-10x smaller lr than AdamW (its sign update has unit size).
 
 from __future__ import annotations
 
-import functools
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -52,9 +52,10 @@ import foam_jax
 __all__ = [
     "DEFAULT_LR",
     "FOAM_ALPHA",
+    "FOLD_SETTINGS",
     "MOMENT_DTYPES",
     "OPTIMIZERS",
-    "canonical_name",
+    "check_fold_settings",
     "check_moment_dtypes",
     "hidden_matrices",
     "make_optimizer",
@@ -123,7 +124,7 @@ def _foam(lr, sched: Schedule, *, b1=0.9, b2=0.95, weight_decay=0.0, fold_level=
                        **foam_kwargs)
 
 
-def _fold_along(axis: int, level: int) -> Callable[[Any], Any]:
+def _fold_along(axis: int, level: int | str) -> Callable[[Any], Any]:
   """A fold-spec callable: the default policy's leaves, folded along ``axis``."""
 
   def specs(params):
@@ -136,7 +137,9 @@ def _fold_along(axis: int, level: int) -> Callable[[Any], Any]:
 
 
 def _foam_mini(lr, sched: Schedule, *, b1=0.9, b2=0.95, weight_decay=0.0,
-               alpha=FOAM_ALPHA, **foam_kwargs):
+               fold_axis=-2, alpha=FOAM_ALPHA, **foam_kwargs):
+  if fold_axis != -2:
+    foam_kwargs["fold_spec"] = _fold_along(fold_axis, "whole_axis")
   return foam_jax.foam_mini(sched(lr), b1=b1, b2=b2, weight_decay=weight_decay,
                             alpha=alpha, **foam_kwargs)
 
@@ -194,56 +197,84 @@ def _galore(lr, sched: Schedule, *, rank: int, update_proj_gap: int, b1=0.9, b2=
 
 
 _BUILDERS: dict[str, Callable[..., optax.GradientTransformation]] = {
-    "foam": _foam,
-    **{f"foam_l{n}": functools.partial(_foam, fold_level=n) for n in (1, 3, 4)},
-    **{f"foam_l{n}_ax1": functools.partial(_foam, fold_level=n, fold_axis=-1)
-       for n in (1, 2, 3, 4)},
-    "foam_mini": _foam_mini,
-    "foam_int8": functools.partial(_foam, mu_dtype="int8", nu_dtype="int8"),
     "adamw": _adamw,
-    "adafactor": _adafactor,
+    "foam": _foam,
+    "foam_mini": _foam_mini,
+    "foam_muon": _foam_muon,
+    "foam_lion": _foam_lion,
     "lion": _lion,
     "muon": _muon,
+    "adafactor": _adafactor,
     "galore": _galore,
-    "foam_lion": _foam_lion,
-    "foam_lion_l4": functools.partial(_foam_lion, fold_level=4),
-    "foam_muon": _foam_muon,
-    "foam_muon_l4": functools.partial(_foam_muon, fold_level=4),
 }
 OPTIMIZERS = tuple(_BUILDERS)
 
 DEFAULT_LR: dict[str, float] = {
-    **{name: 1e-2 for name in OPTIMIZERS if name.startswith("foam")},
     "adamw": 1e-3,
-    "adafactor": 1e-2,
+    "foam": 1e-2,
+    "foam_mini": 1e-2,
+    # Folded Muon and Lion take their unfolded optimizer's lr (not tuned here).
+    "foam_muon": 2e-2,
+    "foam_lion": 3e-4,
     "lion": 3e-4,
     "muon": 2e-2,
+    "adafactor": 1e-2,
     "galore": 1e-2,
-    # Folded Lion and Muon take their unfolded optimizer's lr (not tuned here).
-    **{name: 3e-4 for name in OPTIMIZERS if name.startswith("foam_lion")},
-    **{name: 2e-2 for name in OPTIMIZERS if name.startswith("foam_muon")},
 }
-
 
 _FLOAT_DTYPES = ("float32", "bfloat16")
 _ALL_DTYPES = (*_FLOAT_DTYPES, "int8")
 
-
-def _moment_dtypes(name: str) -> dict[str, tuple[str, ...]]:
-  if name == "foam_int8":  # int8 is its definition.
-    return {}
-  if name.startswith(("foam_lion", "foam_muon")):
-    return {"mu_dtype": _ALL_DTYPES}
-  if name.startswith("foam"):
-    return {"mu_dtype": _ALL_DTYPES, "nu_dtype": _ALL_DTYPES}
-  if name in ("adamw", "lion", "muon"):  # Optax's mu_dtype (a float dtype).
-    return {"mu_dtype": _FLOAT_DTYPES}
-  return {}
-
-
-# Per optimizer, the moment-storage settings it takes and their values.
+# Per family, the moment-storage settings it takes and their values.
 MOMENT_DTYPES: dict[str, dict[str, tuple[str, ...]]] = {
-    name: _moment_dtypes(name) for name in OPTIMIZERS}
+    "adamw": {"mu_dtype": _FLOAT_DTYPES},
+    "foam": {"mu_dtype": _ALL_DTYPES, "nu_dtype": _ALL_DTYPES},
+    "foam_mini": {"mu_dtype": _ALL_DTYPES, "nu_dtype": _ALL_DTYPES},
+    "foam_muon": {"mu_dtype": _ALL_DTYPES},
+    "foam_lion": {"mu_dtype": _ALL_DTYPES},
+    "lion": {"mu_dtype": _FLOAT_DTYPES},
+    "muon": {"mu_dtype": _FLOAT_DTYPES},
+    "adafactor": {},
+    "galore": {},
+}
+
+# Per family, the fold settings it takes.
+FOLD_SETTINGS: dict[str, tuple[str, ...]] = {
+    "foam": ("fold_level", "fold_axis"),
+    "foam_mini": ("fold_axis",),
+    "foam_muon": ("fold_level",),
+    "foam_lion": ("fold_level",),
+}
+FOLD_AXES = (-2, -1)
+
+
+def check_fold_settings(name: str, **settings: Any) -> None:
+  """Raises unless family ``name`` takes these ``fold_level``/``fold_axis`` values.
+
+  ``None`` (the default) is always accepted.
+
+  Raises:
+    ValueError: naming the setting, the value and the optimizer.
+
+  Examples:
+    >>> check_fold_settings("foam", fold_level=3, fold_axis=-1)
+    >>> check_fold_settings("foam_mini", fold_level=3)
+    Traceback (most recent call last):
+    ...
+    ValueError: optimizer 'foam_mini' has no fold_level setting (it takes: fold_axis).
+  """
+  allowed = FOLD_SETTINGS.get(name, ())
+  for key, value in settings.items():
+    if value is None:
+      continue
+    if key not in allowed:
+      takes = ", ".join(allowed) or "none"
+      raise ValueError(f"optimizer {name!r} has no {key} setting (it takes: {takes}).")
+    if key == "fold_level" and (isinstance(value, bool) or not isinstance(value, int)
+                                or value < 0):
+      raise ValueError(f"fold_level must be an int >= 0, got {value!r}.")
+    if key == "fold_axis" and value not in FOLD_AXES:
+      raise ValueError(f"fold_axis must be one of {FOLD_AXES}, got {value!r}.")
 
 
 def check_moment_dtypes(name: str, **dtypes: str | None) -> None:
@@ -274,18 +305,6 @@ def check_moment_dtypes(name: str, **dtypes: str | None) -> None:
           f"optimizer {name!r} takes {key} in {allowed[key]}, got {value!r}.")
 
 
-def canonical_name(name: str) -> str:
-  """Today's registry name for a name in older results files.
-
-  Examples:
-    >>> [canonical_name(n) for n in ("foam_l2", "foam-l2", "foam-mini",
-    ...                              "foam-l3-ax-1", "adamw")]
-    ['foam', 'foam', 'foam_mini', 'foam_l3_ax1', 'adamw']
-  """
-  name = re.sub(r"[-_]ax-1$", "_ax1", name).replace("-", "_")
-  return "foam" if name == "foam_l2" else name
-
-
 def make_optimizer(
     name: str,
     learning_rate: float | None = None,
@@ -299,7 +318,7 @@ def make_optimizer(
   """An optimizer of the registry by name.
 
   Args:
-    name: one of ``OPTIMIZERS``.
+    name: one of ``OPTIMIZERS`` (a family).
     learning_rate: the peak learning rate; ``None`` takes ``DEFAULT_LR[name]``.
     total_steps: the run's length: the lr follows ``foam_jax.paper_schedule``
       over it; ``None`` keeps the lr constant.
@@ -308,7 +327,9 @@ def make_optimizer(
     hidden_size: the model's width; GaLore's rank is a quarter of it.
     **settings: the builder's other settings (``b1``, ``b2``, ``weight_decay``,
       FOAM's ``alpha``, ``residual_scale``, ..., Muon's ``adam_lr_ratio``,
-      ``mu_dtype``/``nu_dtype`` as names, see ``MOMENT_DTYPES``).
+      ``mu_dtype``/``nu_dtype`` as names, see ``MOMENT_DTYPES``;
+      ``fold_level``/``fold_axis``, see ``FOLD_SETTINGS``; ``None`` values
+      are the defaults).
 
   Returns:
     An ``optax.GradientTransformation``.
@@ -322,6 +343,9 @@ def make_optimizer(
     >>> tx = make_optimizer("foam", total_steps=100)
     >>> tx.init({"w": jnp.zeros((8, 4))})[0].mu["w"].shape
     (2, 4)
+    >>> tx = make_optimizer("foam", fold_level=1, fold_axis=-1, mu_dtype="bfloat16")
+    >>> tx.init({"w": jnp.zeros((8, 4))})[0].mu["w"].shape
+    (8, 2)
   """
   if name not in _BUILDERS:
     raise ValueError(f"Unknown optimizer {name!r}; choose one of {OPTIMIZERS}.")
@@ -337,7 +361,10 @@ def make_optimizer(
     raise ValueError(f"weight_decay must be >= 0, got {settings['weight_decay']!r}.")
   if clip < 0:
     raise ValueError(f"clip must be >= 0 (0 disables), got {clip!r}.")
+  settings = {k: v for k, v in settings.items() if v is not None}
   check_moment_dtypes(name, **{k: settings[k] for k in ("mu_dtype", "nu_dtype")
+                               if k in settings})
+  check_fold_settings(name, **{k: settings[k] for k in ("fold_level", "fold_axis")
                                if k in settings})
   if name == "galore":
     if hidden_size is None and "rank" not in settings:

@@ -17,7 +17,7 @@ from flax import nnx
 
 import foam_jax
 
-__all__ = ["loss_fn", "make_eval_step", "make_train_step", "scale_by_lr_arg", "update"]
+__all__ = ["loss_fn", "make_eval_step", "make_train_step", "update"]
 
 Batch = dict[str, jax.Array]
 
@@ -39,28 +39,6 @@ def loss_fn(model: nnx.Module, batch: Batch) -> jax.Array:
   return optax.softmax_cross_entropy_with_integer_labels(
       logits_BTV, batch["targets"]
   ).mean()
-
-
-def scale_by_lr_arg() -> optax.GradientTransformationExtraArgs:
-  """Multiplies the updates by the ``lr`` passed to ``update`` (a traced scalar).
-
-  Chained after an optimizer built with peak lr 1, it makes the peak lr an
-  argument of the compiled step: one compilation serves a whole lr grid.
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> tx = optax.chain(optax.sgd(1.0), scale_by_lr_arg())
-    >>> u, _ = tx.update({"w": jnp.ones(2)}, tx.init({"w": jnp.ones(2)}), lr=0.5)
-    >>> u["w"].tolist()
-    [-0.5, -0.5]
-  """
-
-  def update(updates, state, params=None, *, lr, **extra_args):
-    del params, extra_args
-    return jax.tree.map(lambda u: (lr * u).astype(u.dtype), updates), state
-
-  return optax.GradientTransformationExtraArgs(
-      lambda params: optax.EmptyState(), update)
 
 
 def _is_value(x: Any) -> bool:
@@ -106,8 +84,9 @@ def make_train_step(
     batch_sharding: the batch's sharding.
 
   Returns:
-    The step. ``update_args`` go to the optimizer's ``update`` (e.g. ``lr=``
-    for :func:`scale_by_lr_arg`). Time it after one warm-up call (the compile).
+    The step. ``update_args`` go to the optimizer's ``update`` (extra
+    arguments of an ``optax.GradientTransformationExtraArgs``). Time it
+    after one warm-up call (the compile).
 
   Examples:
     >>> import jax.numpy as jnp

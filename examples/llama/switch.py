@@ -41,14 +41,13 @@ def read_meta(mngr: ocp.CheckpointManager, step: int) -> dict[str, Any]:
 
 
 def checkpoint_optimizer(meta: dict[str, Any]) -> str | None:
-  """The registry name of the optimizer that wrote a checkpoint (``None``: not recorded).
+  """The optimizer family that wrote a checkpoint (``None``: not recorded).
 
   Examples:
-    >>> checkpoint_optimizer({"run": {"optimizer": "foam-l2"}}), checkpoint_optimizer({})
+    >>> checkpoint_optimizer({"run": {"optimizer": "foam"}}), checkpoint_optimizer({})
     ('foam', None)
   """
-  name = meta.get("run", {}).get("optimizer")
-  return None if name is None else optimizers_lib.canonical_name(name)
+  return meta.get("run", {}).get("optimizer")
 
 
 def old_optimizer(run: dict[str, Any]) -> optax.GradientTransformation:
@@ -64,34 +63,39 @@ def old_optimizer(run: dict[str, Any]) -> optax.GradientTransformation:
     >>> type(old_optimizer(run).init({"w": jnp.zeros(2)})[0]).__name__
     'ScaleByAdamState'
   """
-  name = optimizers_lib.canonical_name(run["optimizer"])
   return optimizers_lib.make_optimizer(
-      name, run["lr"], run["steps"], warmup_fraction=run["warmup"], clip=run["clip"],
-      hidden_size=run["model"]["hidden_size"], weight_decay=run["weight_decay"],
-      b1=run["b1"], b2=run["b2"], **moment_dtypes(run))
+      run["optimizer"], run["lr"], run["steps"], warmup_fraction=run["warmup"],
+      clip=run["clip"], hidden_size=run["model"]["hidden_size"],
+      weight_decay=run["weight_decay"], b1=run["b1"], b2=run["b2"],
+      **optimizer_settings(run))
 
 
-def moment_dtypes(run: dict[str, Any]) -> dict[str, str]:
-  """The ``--mu-dtype``/``--nu-dtype`` a run record names (none before them).
+SETTINGS = ("mu_dtype", "nu_dtype", "fold_level", "fold_axis")
+
+
+def optimizer_settings(run: dict[str, Any]) -> dict[str, Any]:
+  """The ``--mu-dtype``, ``--nu-dtype``, ``--fold-level`` and ``--fold-axis``
+  a run record names (those not given are absent).
 
   Examples:
-    >>> moment_dtypes({"optimizer": "foam", "mu_dtype": "int8"})
-    {'mu_dtype': 'int8'}
+    >>> optimizer_settings({"optimizer": "foam", "mu_dtype": "int8", "fold_level": 3})
+    {'mu_dtype': 'int8', 'fold_level': 3}
   """
-  return {k: run[k] for k in ("mu_dtype", "nu_dtype") if run.get(k)}
+  return {k: run[k] for k in SETTINGS if run.get(k) is not None}
 
 
-def _label(name: str, dtypes: dict[str, str]) -> str:
-  """``foam``, or ``foam --mu-dtype int8`` when the moments' storage was set."""
-  return " ".join([name] + [f"--{k.replace('_', '-')} {v}" for k, v in sorted(dtypes.items())])
+def _label(name: str, settings: dict[str, Any]) -> str:
+  """``foam``, or ``foam --mu-dtype int8`` when a setting was given."""
+  return " ".join([name] + [f"--{k.replace('_', '-')} {v}"
+                            for k, v in sorted(settings.items())])
 
 
 def needs_conversion(meta: dict[str, Any], optimizer: str,
-                     dtypes: dict[str, str]) -> bool:
+                     settings: dict[str, Any]) -> bool:
   """Whether a checkpoint's optimizer state must be converted for this run.
 
-  True when the checkpoint names its optimizer and it, or the moments'
-  storage (``--mu-dtype``/``--nu-dtype``), differs from this run's.
+  True when the checkpoint names its optimizer and it, or its settings
+  (moment storage, fold level and axis), differ from this run's.
 
   Examples:
     >>> meta = {"run": {"optimizer": "adamw"}}
@@ -103,7 +107,7 @@ def needs_conversion(meta: dict[str, Any], optimizer: str,
   old = checkpoint_optimizer(meta)
   if old is None:
     return False
-  return old != optimizer or moment_dtypes(meta.get("run", {})) != dtypes
+  return old != optimizer or optimizer_settings(meta.get("run", {})) != settings
 
 
 def step_counts(opt_state: Any) -> dict[str, int]:
@@ -170,8 +174,8 @@ def restore_switched(run: Trainer, step: int, meta: dict[str, Any], *,
     RestoreError: ``convert_state`` cannot turn the old state into the new
       one, or the checkpoint does not fit the old optimizer's state.
   """
-  old_name = _label(checkpoint_optimizer(meta), moment_dtypes(meta.get("run", {})))
-  new_name = _label(run.cfg.optimizer, run.cfg.moment_dtypes())
+  old_name = _label(checkpoint_optimizer(meta), optimizer_settings(meta.get("run", {})))
+  new_name = _label(run.cfg.optimizer, run.cfg.optimizer_settings())
   where = f"Checkpoint {step} in {run.manager.directory}"
   refuse = (f"{where} was written by --optimizer {old_name}; its optimizer state "
             f"does not fit --optimizer {new_name}")

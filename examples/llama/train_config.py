@@ -42,7 +42,7 @@ class TrainConfig:
   preset: str = _field("tiny", "a model preset", choices=sorted(configs_lib.PRESETS))
   model_overrides: dict[str, Any] = _field({}, "LlamaConfig fields replacing the preset's",
                                            flag=False)
-  optimizer: str = _field("foam", "the optimizer", choices=optimizers_lib.OPTIMIZERS)
+  optimizer: str = _field("foam", "the optimizer family", choices=optimizers_lib.OPTIMIZERS)
   steps: int = _field(300, "optimizer steps (the schedule's horizon)")
   batch_size: int = _field(16, "sequences per step")
   seq_len: int | None = _field(
@@ -61,6 +61,12 @@ class TrainConfig:
   nu_dtype: str | None = _field(
       None, "storage dtype of the second moment (default: the params'); for FOAM "
       "and FOAM-Mini", choices=MOMENT_DTYPE_CHOICES)
+  fold_level: int | None = _field(
+      None, "FOAM's fold level: blocks of 2**level entries (default: 2); for foam, "
+      "foam_muon and foam_lion", type=int)
+  fold_axis: int | None = _field(
+      None, "the axis FOAM folds (default -2, a Flax kernel's input axis; -1: the last "
+      "axis); for foam and foam_mini", type=int, choices=optimizers_lib.FOLD_AXES)
   seed: int = _field(0, "seeds the weights and the training batches")
   data: str | None = _field(None, "a UTF-8 text file to train on")
   data_dir: str | None = _field(None, "a folder of UTF-8 text files")
@@ -116,9 +122,11 @@ class TrainConfig:
       raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}.")
     if self.weight_decay < 0 or self.clip < 0:
       raise ValueError("weight_decay and clip must be >= 0.")
-    for name, value in self.moment_dtypes().items():
+    for name, value in self.optimizer_settings().items():
+      check = (optimizers_lib.check_fold_settings if name.startswith("fold_")
+               else optimizers_lib.check_moment_dtypes)
       try:
-        optimizers_lib.check_moment_dtypes(self.optimizer, **{name: value})
+        check(self.optimizer, **{name: value})
       except ValueError as e:
         raise ValueError(f"--{name.replace('_', '-')} {value}: {e}") from None
 
@@ -126,6 +134,11 @@ class TrainConfig:
     """The ``mu_dtype``/``nu_dtype`` settings given (for ``make_optimizer``)."""
     return {k: v for k in ("mu_dtype", "nu_dtype")
             if (v := getattr(self, k)) is not None}
+
+  def optimizer_settings(self) -> dict[str, Any]:
+    """The moment dtypes and fold settings given (for ``make_optimizer``)."""
+    return {**self.moment_dtypes(),
+            **{k: v for k in ("fold_level", "fold_axis") if (v := getattr(self, k)) is not None}}
 
   def moment_dtypes_label(self) -> str:
     """The moments' storage, e.g. ``mu int8, nu float32 (params')``."""

@@ -111,7 +111,7 @@ class Trainer:
     self.tx = optimizers_lib.make_optimizer(
         cfg.optimizer, self.lr, cfg.steps, warmup_fraction=cfg.warmup, clip=cfg.clip,
         hidden_size=model_cfg.hidden_size, weight_decay=cfg.weight_decay, b1=cfg.b1,
-        b2=cfg.b2, **cfg.moment_dtypes())
+        b2=cfg.b2, **cfg.optimizer_settings())
     self.schedule = optimizers_lib.schedule(self.lr, cfg.steps, cfg.warmup)
     # What a checkpoint must share with this run to continue it exactly.
     self.data_identity = {
@@ -122,7 +122,7 @@ class Trainer:
         "optimizer": cfg.optimizer, "lr": self.lr, "steps": cfg.steps,
         "warmup": cfg.warmup, "weight_decay": cfg.weight_decay, "clip": cfg.clip,
         "b1": cfg.b1, "b2": cfg.b2, "model": dataclasses.asdict(model_cfg),
-        **cfg.moment_dtypes(),
+        **cfg.optimizer_settings(),
     }
 
   def put(self, rows: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -164,7 +164,7 @@ class Trainer:
     latest = self.manager.latest_step()
     if cfg.resume and latest is not None:
       meta = switch.read_meta(self.manager, latest)
-      if switch.needs_conversion(meta, cfg.optimizer, cfg.moment_dtypes()):
+      if switch.needs_conversion(meta, cfg.optimizer, cfg.optimizer_settings()):
         self.state, meta = switch.restore_switched(
             self, latest, meta, zero_moments=self.zero_moments_on_switch)
       else:
