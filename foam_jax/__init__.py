@@ -15,8 +15,8 @@ Public API:
 * what to fold: :class:`FoldSpec`, :func:`default_fold_specs`;
 * the paper's learning-rate schedule: :func:`paper_schedule`;
 * memory planning: :func:`state_bytes`; 8-bit moments
-  (``mu_dtype=nu_dtype=jnp.int8``) are stored as :class:`QuantizedMoment`
-  (second moments) and :class:`SignedQuantizedMoment` (first moments);
+  (``mu_dtype=nu_dtype=jnp.int8``) are stored as :class:`QuantizedMoments`
+  (a tree of int8 codes and a tree of float32 scales);
 * sharded states and restore targets: the :mod:`foam_jax.sharding`
   namespace.
 """
@@ -31,8 +31,7 @@ from foam_jax._src.lion import scale_by_folded_lion
 from foam_jax._src.memory import state_bytes
 from foam_jax._src.muon import scale_by_folded_muon
 from foam_jax._src.muon_alias import foam_muon
-from foam_jax._src.quantize import QuantizedMoment
-from foam_jax._src.quantize import SignedQuantizedMoment
+from foam_jax._src.quantize import QuantizedMoments
 from foam_jax._src.specs import default_fold_specs
 from foam_jax._src.specs import FoldSpec
 from foam_jax._src.transform import scale_by_foam
@@ -42,9 +41,8 @@ __version__ = "0.2.0"
 
 __all__ = [
     "FoldSpec",
-    "QuantizedMoment",
+    "QuantizedMoments",
     "ScaleByFoamState",
-    "SignedQuantizedMoment",
     "convert_state",
     "default_fold_specs",
     "foam",

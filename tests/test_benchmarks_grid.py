@@ -24,8 +24,8 @@ def test_grid_names_build_their_settings():
   params = {"q_proj": jnp.zeros((16, 8))}
   assert grid.make_optimizer("foam_l2_ax1", 1e-3).init(params)[0].mu["q_proj"].shape == (16, 2)
   assert grid.make_optimizer("foam_l3", 1e-3).init(params)[0].mu["q_proj"].shape == (2, 8)
-  int8 = grid.make_optimizer("foam_int8", 1e-3).init(params)[0].mu["q_proj"]
-  assert int8.codes.dtype == jnp.int8
+  int8 = grid.make_optimizer("foam_int8", 1e-3).init(params)[0].mu
+  assert int8.codes["q_proj"].dtype == jnp.int8
   with pytest.raises(ValueError, match="Unknown optimizer"):
     grid.make_optimizer("foam_l9")
 

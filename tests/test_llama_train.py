@@ -13,11 +13,15 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+import foam_jax
+from examples.llama import checkpoints
 from examples.llama import data
 from examples.llama import tokenizers
 from examples.llama import train
@@ -234,3 +238,30 @@ def test_no_module_edits_sys_path():
           text = open(os.path.join(dirpath, name), encoding="utf-8").read()
           for edit in ("insert", "append"):
             assert "sys.path." + edit + "(" not in text, name
+
+
+def test_an_int8_checkpoint_of_foam_jax_0_2_is_refused_with_what_to_do(tmp_path):
+  """tests/fixtures/ckpt_int8_v02: int8 moments in 0.2's layout, at step 3."""
+  out = tmp_path / "old_int8_run"
+  shutil.copytree(os.path.join(FIXTURES, "ckpt_int8_v02"), out)
+  cfg = TrainConfig(
+      preset="tiny", optimizer="foam", steps=6, batch_size=4, seq_len=16, eval_every=3,
+      eval_batches=2, checkpoint_every=3, progress=False, mu_dtype="int8",
+      nu_dtype="int8",
+      model_overrides=dict(num_layers=1, hidden_size=32, intermediate_size=96, num_heads=2),
+      data=os.path.join(FIXTURES, "corpus.txt"), out=str(out), resume=True)
+  with pytest.raises(checkpoints.RestoreError,
+                     match=r"Checkpoint 3 in .* foam_jax 0.2's layout.*--mu-dtype float32"):
+    trainer.train(cfg)
+  # The library refuses the same tree, read back without a target.
+  mngr = checkpoints.manager(str(out / "checkpoints"))
+  raw = mngr.restore(3, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+  opt = raw["1"]["opt_state"]["0"]
+  assert set(opt["mu"]["lm_head"]["kernel"]) == {"codes", "scales"}
+  params = jax.tree.map(jnp.asarray, raw["0"])
+  tx = foam_jax.scale_by_foam(mu_dtype=jnp.int8, nu_dtype=jnp.int8)
+  state = tx.init(params)._replace(mu=opt["mu"], nu=opt["nu"])
+  with pytest.raises(ValueError, match=r"foam_jax 0.2 .*convert_state"):
+    tx.update(params, state, params)
+  with pytest.raises(ValueError, match=r"foam_jax 0.2"):
+    foam_jax.convert_state(state, foam_jax.scale_by_foam(), params)

@@ -10,7 +10,7 @@ PUBLIC = {
     "FoldSpec", "ScaleByFoamState", "default_fold_specs", "foam", "foam_mini",
     "paper_schedule", "scale_by_foam", "sharding", "state_bytes",
     "foam_muon", "foam_lion", "scale_by_folded_muon", "scale_by_folded_lion",
-    "convert_state", "QuantizedMoment", "SignedQuantizedMoment",
+    "convert_state", "QuantizedMoments",
 }
 SHARDING = {"Straddle", "abstract_state", "fitted_fold_specs", "pin_layout",
             "state_shardings", "straddling_blocks"}

@@ -31,8 +31,7 @@ from foam_jax._src.hlo import count_collectives
 def _np_code_values(scale, signed, b=3):
   """float64 code values, built from the docstring's definition: the 255
   (second moment) or 127 (first) largest numbers 2^e (1 + j / 2^b) <= 1,
-  b = 3 mantissa bits (2 in the first moment's code before), times the
-  block's scale."""
+  b = 3 mantissa bits, times the block's scale."""
   top = 127 if signed else 255
   grid = np.array(sorted({2.0**e * (1 + j / 2**b)
                           for e in range(-80, 1) for j in range(2**b)}))
@@ -50,6 +49,15 @@ SMALLEST_MU = _np_code_values(1.0, True)[0]
 def _log_normal(shape, decades, seed=0):
   rng = np.random.default_rng(seed)
   return 10.0 ** rng.uniform(-decades, 0, size=shape)
+
+
+def _mu(field, key):
+  """One parameter's first moment, from a state field, as a per-parameter view."""
+  return quantize.unpack(field, signed=True)[key]
+
+
+def _nu(field, key):
+  return quantize.unpack(field, signed=False)[key]
 
 
 def _roundtrip(x, signed, step=None):
@@ -138,45 +146,26 @@ def test_rounding_bits_are_uniform_over_entries_and_evenly_spread_over_steps():
   assert gaps.max() < 2.7 / steps
 
 
-@pytest.mark.single_device
-def test_first_moment_written_in_the_code_before_reads_and_trains_on():
-  """Non-negative scales mark the first moment's 2-bit code of int8 states
-  written before the 3-bit one: such a state (a checkpoint) decodes to that
-  code's values, a step from it equals a step from float32 moments holding
-  them, and the step rewrites it in the current code (negative scales)."""
-  rng = np.random.default_rng(7)
-  k = rng.integers(-127, 128, size=(4, 512))
-  scale = 10.0 ** rng.uniform(-3, 0, (4, 2))
-
-  def values(b):
-    grid = np.concatenate([[0.0], _np_code_values(1.0, True, b=b)])
-    return np.sign(k) * grid[np.abs(k)] * np.repeat(scale, 256, axis=1)
-
-  old = quantize.SignedQuantizedMoment(jnp.asarray(k, jnp.int8),
-                                       jnp.asarray(scale, jnp.float32))
-  np.testing.assert_allclose(quantize.dequantize(old), values(2), rtol=1e-6)
-  current = old._replace(scales=-old.scales)
-  np.testing.assert_allclose(quantize.dequantize(current), values(3), rtol=1e-6)
-  assert np.abs(values(2) - values(3)).max() > 0  # The codes differ.
-
-  params = {"w": jnp.zeros((4, 512))}
-  g = {"w": jnp.asarray(rng.standard_normal((4, 512)) * 1e-2, jnp.float32)}
-  int8_tx = foam_jax.scale_by_foam(mu_dtype=jnp.int8, fold_level=0)
-  float_tx = foam_jax.scale_by_foam(fold_level=0)
-  state = int8_tx.init(params)._replace(mu={"w": old})
-  float_state = float_tx.init(params)._replace(
-      mu={"w": jnp.asarray(values(2), jnp.float32)})
-  updates, state = int8_tx.update(g, state)
-  want, _ = float_tx.update(g, float_state)
-  np.testing.assert_allclose(updates["w"], want["w"], rtol=1e-5)  # float32 ulps.
-  assert np.signbit(np.asarray(state.mu["w"].scales)).all()
+def test_the_int8_layout_of_0_2_is_refused_with_what_to_do():
+  """foam_jax 0.2 kept a (codes, scales) pair at each parameter's place."""
+  params = {"w": jnp.zeros((4, 512)), "b": jnp.zeros((512,))}
+  tx = foam_jax.foam(1e-2, mu_dtype=jnp.int8, nu_dtype=jnp.int8)
+  state = tx.init(params)
+  pair = lambda q: {k: {"codes": c, "scales": s} for (k, c), s in  # noqa: E731
+                    zip(q.codes.items(), q.scales.values())}
+  old = (state[0]._replace(mu=pair(state[0].mu), nu=pair(state[0].nu)),) + state[1:]
+  with pytest.raises(ValueError, match=r"holds a dict with keys \['codes', 'scales'\] "
+                     r"for the parameter at \['b'\].*foam_jax 0.2.*convert_state"):
+    tx.update(params, old, params)
+  with pytest.raises(ValueError, match="foam_jax 0.2"):
+    foam_jax.convert_state(old, foam_jax.foam(1e-2), params)
 
 
-def test_first_moment_scales_carry_the_sign_mark_even_for_zero_blocks():
-  q = quantize.quantize(jnp.zeros((2, 512)).at[0, :256].set(0.5),
+def test_first_moment_scales_are_block_bounds_and_zero_blocks_zero():
+  q = quantize.quantize(jnp.zeros((2, 512)).at[0, :256].set(-0.5),
                         quantize.zeros((2, 512), None, signed=True))
-  assert np.signbit(np.asarray(q.scales)).all()
-  np.testing.assert_array_equal(q.bounds, [[0.5, 0.0], [0.0, 0.0]])
+  np.testing.assert_array_equal(q.scales, [[0.5, 0.0], [0.0, 0.0]])
+  np.testing.assert_array_equal(quantize.dequantize(q)[0, :256], -0.5)
   np.testing.assert_array_equal(quantize.dequantize(q)[1], 0.0)
 
 
@@ -193,11 +182,11 @@ def test_second_moment_decays_under_zero_gradients():
   state = tx.init(params)
   step = jax.jit(tx.update)
   _, state = step(g0, state)
-  v1 = np.asarray(quantize.dequantize(state.nu["w"]), np.float64)
+  v1 = np.asarray(quantize.dequantize(_nu(state.nu, "w")), np.float64)
   zero = {"w": jnp.zeros((1, 256))}
   for _ in range(700):
     _, state = step(zero, state)
-  v = np.asarray(quantize.dequantize(state.nu["w"]), np.float64)
+  v = np.asarray(quantize.dequantize(_nu(state.nu, "w")), np.float64)
   want = v1 * 0.999**700  # 0.496 of v1
   ratio = v.sum() / want.sum()
   assert 0.9 < ratio < 1.1, ratio
@@ -253,24 +242,26 @@ def test_update_reads_the_new_moments_and_stores_them_within_the_code_error():
   ref.init(params)
   ref.t = int(state.count) + 1  # direction() does not count; step() does.
   for k in shapes:
-    ref.m[k] = np.asarray(quantize.dequantize(state.mu[k]), np.float64)
-    ref.v[k] = np.asarray(quantize.dequantize(state.nu[k]), np.float64)
+    ref.m[k] = np.asarray(quantize.dequantize(_mu(state.mu, k)), np.float64)
+    ref.v[k] = np.asarray(quantize.dequantize(_nu(state.nu, k)), np.float64)
   g = grads()
   targets = {}
   for k in shapes:
     gk = np.asarray(g[k], np.float64)
     targets[k] = ((gk, gk**2) if k == "b" else
                   (gk.reshape(16, 4, -1).mean(1), (gk**2).reshape(16, 4, -1).mean(1)))
-  old_scales = {k: (np.asarray(state.mu[k].bounds, np.float64),
-                    np.asarray(state.nu[k].bounds, np.float64)) for k in shapes}
+  old_scales = {k: (np.asarray(_mu(state.mu, k).bounds, np.float64),
+                    np.asarray(_nu(state.nu, k).bounds, np.float64)) for k in shapes}
   updates, new = step(g, state)
   for k in shapes:
     want = ref.direction(k, np.asarray(g[k]))  # Also sets ref.m, ref.v to m', v'.
     np.testing.assert_allclose(np.asarray(updates[k], np.float64), want,
                                rtol=2e-5, atol=1e-7)
     for q, x, (decay, gap, smallest), target, s_old in (
-        (new.mu[k], ref.m[k], (0.9, GAP_MU, SMALLEST_MU), targets[k][0], old_scales[k][0]),
-        (new.nu[k], ref.v[k], (0.99, GAP_NU, SMALLEST_NU), targets[k][1], old_scales[k][1])):
+        (_mu(new.mu, k), ref.m[k], (0.9, GAP_MU, SMALLEST_MU), targets[k][0],
+         old_scales[k][0]),
+        (_nu(new.nu, k), ref.v[k], (0.99, GAP_NU, SMALLEST_NU), targets[k][1],
+         old_scales[k][1])):
       s_new = np.asarray(q.bounds, np.float64)
       np.testing.assert_allclose(s_new, decay * s_old + (1 - decay) * _np_blocks_max(target),
                                  rtol=1e-6)
@@ -312,18 +303,19 @@ def test_state_tree_eval_shape_and_masked():
             "b": jax.ShapeDtypeStruct((1024,), jnp.bfloat16)}
   tx = foam_jax.foam(1e-3, mu_dtype="int8", nu_dtype="int8")
   state = jax.eval_shape(tx.init, params)[0]
-  assert isinstance(state.mu["w"], quantize.SignedQuantizedMoment)
-  assert type(state.nu["w"]) is quantize.QuantizedMoment
-  assert state.mu["w"].codes.shape == (16, 1024)
-  assert state.mu["w"].codes.dtype == jnp.int8
-  assert state.mu["w"].scales.shape == (16, 4)
-  assert state.mu["w"].scales.dtype == jnp.float32
+  assert isinstance(state.mu, foam_jax.QuantizedMoments)
+  assert isinstance(state.nu, foam_jax.QuantizedMoments)
+  assert state.mu.codes["w"].shape == (16, 1024)
+  assert state.mu.codes["w"].dtype == jnp.int8
+  assert state.mu.scales["w"].shape == (16, 4)
+  assert state.mu.scales["w"].dtype == jnp.float32
   # optax.masked: masked leaves stay MaskedNode, the rest quantized.
   masked = optax.masked(_foam_int8(), {"w": True, "b": False})
   concrete = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), params)
   mstate = masked.init(concrete)
-  assert isinstance(mstate.inner_state.mu["b"], optax.MaskedNode)
-  assert isinstance(mstate.inner_state.mu["w"], quantize.QuantizedMoment)
+  assert isinstance(mstate.inner_state.mu.codes["b"], optax.MaskedNode)
+  assert isinstance(mstate.inner_state.mu.scales["b"], optax.MaskedNode)
+  assert mstate.inner_state.mu.codes["w"].dtype == jnp.int8
   updates, _ = masked.update(concrete, mstate, concrete)
   assert updates["w"].dtype == jnp.bfloat16
   # Float storage keeps plain arrays: the state tree is unchanged.
@@ -372,13 +364,13 @@ def test_codes_and_scales_sharded_like_params_and_update_has_no_collectives(
       continue
     for moments in ("mu", "nu"):
       for part in ("codes", "scales"):
-        leaf = getattr(getattr(state[0], moments)[k], part)
+        leaf = getattr(getattr(state[0], moments), part)[k]
         assert leaf.sharding.spec == spec, (k, moments, part)
-        assert getattr(getattr(shardings, moments)[k], part).spec == spec
-        assert getattr(getattr(abstract, moments)[k], part).sharding.spec == spec
+        assert getattr(getattr(shardings, moments), part)[k].spec == spec
+        assert getattr(getattr(abstract, moments), part)[k].sharding.spec == spec
   if "n" in params:  # 64 entries over 2 shards: blocks of 32 entries.
-    assert state[0].mu["n"].scales.shape == (2,)
-  assert state[0].mu["w"].scales.shape == (16, 8)
+    assert state[0].mu.scales["n"].shape == (2,)
+  assert state[0].mu.scales["w"].shape == (16, 8)
 
   def step(params, grads, state):
     updates, state = tx.update(grads, state, params)
@@ -434,12 +426,12 @@ def test_pinned_layout_under_auto_axes_jit_has_blocks_in_shards_and_no_collectiv
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), state, eager)
   for k, slice_ in (("w", 64), ("n", 32), ("r", 512)):
     for moments in ("mu", "nu"):
-      q = getattr(state[0], moments)[k]
+      q = quantize.unpack(getattr(state[0], moments), signed=moments == "mu")[k]
       shard = q.codes.sharding.shard_shape(q.codes.shape)[-1]
       assert shard == slice_ and shard % q.block == 0, (k, moments, q.block)
       assert q.scales.sharding.spec == params[k].sharding.spec
       assert q.scales.shape[-1] * q.block == q.shape[-1]
-  assert state[0].mu["w"].block == 64 and state[0].mu["r"].block == 256
+  assert _mu(state[0].mu, "w").block == 64 and _mu(state[0].mu, "r").block == 256
 
   def step(params, grads, state):
     updates, state = pinned.update(grads, state, params)
@@ -450,7 +442,7 @@ def test_pinned_layout_under_auto_axes_jit_has_blocks_in_shards_and_no_collectiv
     counts = count_collectives(compiled.as_text())
     assert counts == dict.fromkeys(COLLECTIVES, 0), counts
   _, state = update(params, params, state)
-  assert int(state[0].count) == 1 and type(state[0].mu["n"]) is foam_jax.SignedQuantizedMoment
+  assert int(state[0].count) == 1 and isinstance(state[0].mu, foam_jax.QuantizedMoments)
 
 
 def test_pin_layout_refuses_other_params():
@@ -475,14 +467,15 @@ def test_nnx_optimizer_with_sharded_params():
     optimizer = nnx.Optimizer(
         model, foam_jax.foam(1e-3, mu_dtype=jnp.int8, nu_dtype=jnp.int8),
         wrt=nnx.Param)
-    state = nnx.state(optimizer)
-    kernel = state["opt_state"][0]["mu"]["up"]["kernel"]
-    assert kernel.codes[...].shape == (8, 512)
-    assert kernel.codes[...].sharding.spec == P("data", "model")
-    assert kernel.scales[...].sharding.spec == P("data", "model")
+    mu = nnx.state(optimizer)["opt_state"][0]["mu"]
+    codes, scales = mu["codes"]["up"]["kernel"], mu["scales"]["up"]["kernel"]
+    assert codes[...].shape == (8, 512) and codes[...].dtype == jnp.int8
+    assert codes[...].sharding.spec == P("data", "model")
+    assert scales[...].sharding.spec == P("data", "model")
     grads = nnx.grad(lambda m: jnp.sum(m.up(jnp.ones((4, 32))) ** 2))(model)
-    optimizer.update(model, grads)
-    assert int(nnx.state(optimizer)["opt_state"][0]["count"][...]) == 1
+    for _ in range(3):  # The stock update, over and over.
+      optimizer.update(model, grads)
+    assert int(nnx.state(optimizer)["opt_state"][0]["count"][...]) == 3
 
 
 def test_orbax_save_and_restore_onto_another_mesh(tmp_path):
@@ -508,7 +501,7 @@ def test_orbax_save_and_restore_onto_another_mesh(tmp_path):
     restored = checkpointer.restore(tmp_path / "ckpt", target)["opt_state"]
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(
       np.asarray(a), np.asarray(b)), state, restored)
-  codes = restored[0].mu["w"].codes
+  codes = restored[0].mu.codes["w"]
   assert codes.sharding.mesh.shape == small.shape
 
 
@@ -554,9 +547,9 @@ def test_folded_muon_and_lion_store_momentum_within_the_code_bound(make, beta):
         for _ in range(2)]
   for g in gs:
     _, state = tx.update({"w": jnp.asarray(g, jnp.float32)}, state, params)
-  (mu,) = [x for x in jax.tree.leaves(
-      state, is_leaf=lambda x: isinstance(x, quantize.QuantizedMoment))
-           if isinstance(x, quantize.QuantizedMoment)]
+  is_moments = lambda x: isinstance(x, foam_jax.QuantizedMoments)  # noqa: E731
+  (stored,) = [x for x in jax.tree.leaves(state, is_leaf=is_moments) if is_moments(x)]
+  mu = _mu(stored, "w")
   fold = lambda g: g.reshape(16, 4, 256).mean(1)
   m1 = (1 - beta) * fold(gs[0])
   want = beta * m1 + (1 - beta) * fold(gs[1])

@@ -14,7 +14,7 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
-__all__ = ["RestoreError", "manager", "restore", "save"]
+__all__ = ["RestoreError", "holds_old_int8_moments", "manager", "restore", "save"]
 
 
 class RestoreError(ValueError):
@@ -62,6 +62,22 @@ def _mismatch(stored: dict[str, tuple[int, ...]], wanted: dict[str, tuple[int, .
   return ""
 
 
+def holds_old_int8_moments(stored: dict[str, tuple[int, ...]]) -> bool:
+  """Whether a checkpoint's arrays hold int8 moments in foam_jax 0.2's layout.
+
+  0.2 kept a ``codes``/``scales`` pair at each weight's place
+  (``.../mu/<weight>/codes``); 0.3 keeps a tree of codes and a tree of
+  scales (``.../mu/codes/<weight>``).
+
+  Examples:
+    >>> holds_old_int8_moments({"1/0/mu/up/kernel/codes": (4, 8)})
+    True
+    >>> holds_old_int8_moments({"1/0/mu/codes/up/kernel": (4, 8)})
+    False
+  """
+  return any(name.rsplit("/", 1)[-1].lstrip(".") in ("codes", "scales") for name in stored)
+
+
 def restore(mngr: ocp.CheckpointManager, step: int,
             state: nnx.State) -> tuple[nnx.State, dict[str, Any]]:
   """Checkpoint ``step`` restored onto ``state``'s shapes and shardings.
@@ -88,7 +104,15 @@ def restore(mngr: ocp.CheckpointManager, step: int,
     ({'step': 7}, True)
   """
   target = jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.to_pure_dict(state))
-  problem = _mismatch(_shapes(mngr.item_metadata(step)["state"]), _shapes(target))
+  stored = _shapes(mngr.item_metadata(step)["state"])
+  if holds_old_int8_moments(stored):
+    raise RestoreError(
+        f"Checkpoint {step} in {mngr.directory} holds int8 optimizer moments in "
+        "foam_jax 0.2's layout (a codes/scales pair per weight), which this version "
+        "cannot read. To keep the run, resume it with foam_jax 0.2 and float moments "
+        "(--mu-dtype float32 --nu-dtype float32 converts the state), then resume "
+        "that with this version and int8 again; or start fresh with another --out.")
+  problem = _mismatch(stored, _shapes(target))
   if problem:  # Checked before reading, so no read is left running.
     raise RestoreError(
         f"Checkpoint {step} in {mngr.directory} does not fit this run's model "

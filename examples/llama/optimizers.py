@@ -22,7 +22,7 @@ Optax's ``alias.py`` builds optimizers, with the settings a user would pass:
 
 Moment storage (``mu_dtype=``, ``nu_dtype=``; ``MOMENT_DTYPES`` lists what
 each family takes): ``float32``, ``bfloat16`` or ``int8`` (blockwise 8-bit,
-``foam_jax.QuantizedMoment``) for FOAM, FOAM-Mini, folded Muon and folded
+``foam_jax.QuantizedMoments``) for FOAM, FOAM-Mini, folded Muon and folded
 Lion; ``float32`` or ``bfloat16`` for the first moment of Optax's AdamW, Lion
 and Muon; none for Adafactor and GaLore. ``FOLD_SETTINGS`` lists which
 families take ``fold_level`` and ``fold_axis``.

@@ -15,9 +15,7 @@ import jax
 import optax
 from flax import nnx
 
-import foam_jax
-
-__all__ = ["loss_fn", "make_eval_step", "make_train_step", "update"]
+__all__ = ["loss_fn", "make_eval_step", "make_train_step"]
 
 Batch = dict[str, jax.Array]
 
@@ -39,36 +37,6 @@ def loss_fn(model: nnx.Module, batch: Batch) -> jax.Array:
   return optax.softmax_cross_entropy_with_integer_labels(
       logits_BTV, batch["targets"]
   ).mean()
-
-
-def _is_value(x: Any) -> bool:
-  """A state variable's whole value: an int8 moment, or a masked-out leaf."""
-  return isinstance(x, (foam_jax.QuantizedMoment, optax.MaskedNode))
-
-
-def update(optimizer: nnx.Optimizer, model: nnx.Module, grads: Any, **update_args) -> None:
-  """``optimizer.update(model, grads, **update_args)``, keeping int8 moments.
-
-  ``nnx.Optimizer.update`` writes the new state back through ``nnx.state``,
-  which turns a pytree held by one state variable (an int8 moment,
-  ``foam_jax.QuantizedMoment``: codes and scales) into an ``nnx.State``, so
-  the next update fails. Here each state variable takes its new value as is.
-  """
-  wrt = optimizer.wrt
-  params = nnx.as_pure(nnx.state(model, wrt))
-  updates, new_state = optimizer.tx.update(
-      nnx.as_pure(nnx.state(grads, wrt)), nnx.as_pure(optimizer.opt_state), params,
-      **update_args)
-  nnx.update(model, optax.apply_updates(params, updates))
-  variables = jax.tree.leaves(optimizer.opt_state,
-                              is_leaf=lambda x: isinstance(x, nnx.Variable))
-  values = jax.tree.leaves(new_state, is_leaf=_is_value)
-  if len(variables) != len(values):
-    raise ValueError(f"The optimizer's new state has {len(values)} leaves, its "
-                     f"state {len(variables)}.")
-  for variable, value in zip(variables, values):
-    variable.set_value(value)
-  optimizer.step[...] += 1
 
 
 def make_train_step(
@@ -105,7 +73,7 @@ def make_train_step(
   def train_step(state, batch, **update_args):
     model, optimizer = nnx.merge(graphdef, state)
     loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
-    update(optimizer, model, grads, **update_args)
+    optimizer.update(model, grads, **update_args)
     return nnx.state((model, optimizer)), loss
 
   if state_shardings is None:

@@ -142,12 +142,13 @@ def _moments_summary(opt_state: Any, params: Any) -> str:
     if not is_moments(node):
       continue
     fields += [f for f in ("mu", "nu") if f in node._fields and f not in fields]
-    # Per weight (mu only: nu, where there is one, is folded alike).
-    # (An int8 moment is a subtree at its weight's place: its codes' shape.)
+    # Per weight (mu only: nu, where there is one, is folded alike; int8
+    # moments by their codes' shapes).
+    mu = node.mu.codes if isinstance(node.mu, foam_jax.QuantizedMoments) else node.mu
     same = jax.tree.map(
         lambda p, m: None if isinstance(m, optax.MaskedNode)
-        else tuple(getattr(m, "codes", m).shape) == tuple(p.shape),
-        params, node.mu, is_leaf=lambda x: isinstance(x, optax.MaskedNode))
+        else tuple(m.shape) == tuple(p.shape),
+        params, mu, is_leaf=lambda x: isinstance(x, optax.MaskedNode))
     flags = jax.tree.leaves(same)
     copied += sum(flags)
     folded += len(flags) - sum(flags)

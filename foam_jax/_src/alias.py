@@ -69,7 +69,7 @@ def foam(
     mu_dtype: storage dtype of the first moments (default: the param's);
       ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits
       (codes plus one float32 scale per 256 entries, see
-      :class:`foam_jax.QuantizedMoment`).
+      :class:`foam_jax.QuantizedMoments`).
     weight_decay: decoupled weight decay ``lambda >= 0`` (AdamW's), a float
       or an Optax schedule.
     mask: which leaves get weight decay (a pytree of bools or a callable),
@@ -87,7 +87,7 @@ def foam(
     nu_dtype: storage dtype of the second moments (default: the real dtype
       of the param's precision); ``jnp.int8`` (or ``"int8"``) stores it
       blockwise-quantized in 8 bits (codes plus one float32 scale per 256
-      entries, see :class:`foam_jax.QuantizedMoment`).
+      entries, see :class:`foam_jax.QuantizedMoments`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``.

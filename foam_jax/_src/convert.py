@@ -76,9 +76,12 @@ def _state_types(tree: Any) -> list[str]:
   return list(dict.fromkeys(names))
 
 
-def _full_size(params: Any, tree: Any, where: str) -> Any:
-  """A source moment tree with every leaf unfolded to its parameter's shape."""
+def _full_size(params: Any, tree: Any, where: str, *, signed: bool) -> Any:
+  """A source moment tree with every leaf unfolded to its parameter's shape.
 
+  Int8 moments (:class:`~foam_jax._src.quantize.QuantizedMoments`) are
+  dequantized; ``signed``: the tree holds first moments.
+  """
   def unfold_leaf(path, p, m):
     if _is_masked(m) or _is_masked(p):
       return m
@@ -97,10 +100,12 @@ def _full_size(params: Any, tree: Any, where: str) -> Any:
     return folding.unfold(m, geom.axis, geom.level, shape[geom.axis])
 
   try:
+    tree = moment.stored_moments(tree, params, signed=signed,
+                                 field=f"moment at {where}")
     return jax.tree_util.tree_map_with_path(
         unfold_leaf, params, tree, is_leaf=_is_masked)
   except ValueError as e:
-    if "convert_state" in str(e):
+    if "convert_state" in str(e) or "foam_jax 0.2" in str(e):
       raise
     raise ValueError(
         f"convert_state: the moments at {where} do not match the params' "
@@ -221,7 +226,8 @@ def convert_state(opt_state: optax.OptState,
   found = [type(node).__name__ for _, node in sources]
   full = {
       field: [
-          _full_size(params, getattr(node, field), f"{where}.{field}")
+          _full_size(params, getattr(node, field), f"{where}.{field}",
+                     signed=field == "mu")
           for where, node in sources
           if field in _SOURCES[type(node)]
       ]
@@ -260,9 +266,9 @@ def convert_state(opt_state: optax.OptState,
       src = present[field]
       if src is None:
         src = jax.tree.map(lambda _: None, params, is_leaf=_is_masked)
-      values[field] = jax.tree_util.tree_map_with_path(
-          fill(field, name), params, getattr(node, field), src,
-          is_leaf=_is_masked)
+      targets = quantize.unpack(getattr(node, field), signed=field == "mu")
+      values[field] = quantize.pack(jax.tree_util.tree_map_with_path(
+          fill(field, name), params, targets, src, is_leaf=_is_masked))
     return node._replace(**values)
 
   converted = jax.tree.map(convert_node, target, is_leaf=_is_folded)

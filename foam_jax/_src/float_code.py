@@ -23,7 +23,6 @@ import numpy as np
 
 __all__ = [
     "MANT_MU",
-    "MANT_MU_V1",
     "MANT_NU",
     "TOP_MU",
     "TOP_NU",
@@ -37,8 +36,6 @@ __all__ = [
 # the block's scale), first moment (signed, magnitudes 1..127: 16 binades).
 MANT_NU = 3
 MANT_MU = 3
-# The first moment's code before this version (32 binades; scales >= 0).
-MANT_MU_V1 = 2
 TOP_NU = 255
 TOP_MU = 127
 

@@ -13,6 +13,7 @@ import optax
 
 from foam_jax._src import moment
 from foam_jax._src import placement
+from foam_jax._src import quantize
 from foam_jax._src import specs as specs_lib
 from foam_jax._src import validation as _validation
 
@@ -68,7 +69,7 @@ def scale_by_folded_lion(
     mu_dtype: storage dtype of the momentum (default: the param's); the
       update reads it as stored. ``jnp.int8`` (or ``"int8"``) stores it
       blockwise-quantized in 8 bits (codes plus one float32 scale per 256
-      entries, see :class:`foam_jax.QuantizedMoment`).
+      entries, see :class:`foam_jax.QuantizedMoments`).
     mode: ``"hard"`` (sign), ``"smooth"`` (``tanh(smooth_beta * x)``) or
       ``"refined"`` (linear inside ``[-1, 1]``, sign outside).
     smooth_beta: the slope of ``"smooth"``.
@@ -121,14 +122,15 @@ def scale_by_folded_lion(
     (mu,) = moment.map_leaves(
         lambda spec, p: (moment.zeros(spec, p, mu_dtype),), specs, params,
         outputs=1)
-    return ScaleByFoldedLionState(count=placement.count_zeros(params), mu=mu)
+    return ScaleByFoldedLionState(count=placement.count_zeros(params),
+                                  mu=quantize.pack(mu))
 
   def update_fn(updates, state, params=None):
     del params
     specs = specs_lib.resolve_fold_specs(updates, fold_spec, fold_level)
 
     def leaf_update(spec, g, mu):
-      if isinstance(g, optax.MaskedNode):
+      if moment.is_absent(g):
         return g, mu
       compute = jnp.promote_types(g.dtype, jnp.float32)
       fg = moment.FoldedGradient(
@@ -140,10 +142,10 @@ def scale_by_folded_lion(
                              step=state.count)
       return fg.unblock(u).astype(g.dtype), mu_new
 
-    updates, mu = moment.map_leaves(leaf_update, specs, updates, state.mu,
-                                    outputs=2)
+    mu = moment.stored_moments(state.mu, updates, signed=True, field="mu")
+    updates, mu = moment.map_leaves(leaf_update, specs, updates, mu, outputs=2)
     return updates, ScaleByFoldedLionState(
-        count=optax.safe_increment(state.count), mu=mu)
+        count=optax.safe_increment(state.count), mu=quantize.pack(mu))
 
   return optax.GradientTransformation(init_fn, update_fn)
 
@@ -182,7 +184,7 @@ def foam_lion(
     mu_dtype: storage dtype of the momentum (default: the param's);
       ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits
       (codes plus one float32 scale per 256 entries, see
-      :class:`foam_jax.QuantizedMoment`).
+      :class:`foam_jax.QuantizedMoments`).
     weight_decay: decoupled weight decay (``optax.lion``'s default ``1e-3``).
     mask: which leaves get weight decay, as in ``optax.lion``.
     fold_level: blocks hold ``2**fold_level`` entries; ``None`` is ``2``,

@@ -44,6 +44,9 @@ from foam_jax._src import specs as specs_lib
 
 __all__ = [
     "Geometry",
+    "OLD_INT8_LAYOUT",
+    "is_absent",
+    "stored_moments",
     "FoldedGradient",
     "gradient_maxima",
     "geometry",
@@ -53,6 +56,15 @@ __all__ = [
     "real_dtype",
     "first_moment_hat",
 ]
+
+
+def is_absent(x: Any) -> bool:
+  """A parameter that is not there: ``None`` or an ``optax.MaskedNode``.
+
+  Both pass through every transform as Optax passes them: nothing in the
+  state, and the same placeholder in the update.
+  """
+  return x is None or isinstance(x, optax.MaskedNode)
 
 
 class Geometry(NamedTuple):
@@ -287,18 +299,20 @@ def zeros(spec: specs_lib.FoldSpec | None, param: Any, dtype, *,
           second: bool = False) -> Any:
   """A zero moment for ``param``: folded by ``spec``, placed like ``param``.
 
-  ``spec=None`` gives the parameter's shape; an ``optax.MaskedNode`` passes
-  through. Works on ``jax.ShapeDtypeStruct`` s under ``jax.eval_shape``.
-  ``dtype=int8`` gives blockwise 8-bit storage
-  (:class:`~foam_jax._src.quantize.QuantizedMoment`), with the code of a
-  second moment when ``second`` (else a first moment's, signed).
+  ``spec=None`` gives the parameter's shape; an absent parameter
+  (:func:`is_absent`) passes through. Works on ``jax.ShapeDtypeStruct`` s
+  under ``jax.eval_shape``. ``dtype=int8`` gives blockwise 8-bit storage
+  (a :class:`~foam_jax._src.quantize.QuantizedMoment` view, which
+  :func:`~foam_jax._src.quantize.pack` turns into the state's layout), with
+  the code of a second moment when ``second`` (else a first moment's,
+  signed).
 
   Examples:
     >>> import jax.numpy as jnp
     >>> zeros(specs_lib.FoldSpec(-2, 2), jnp.ones((8, 3)), jnp.float32).shape
     (2, 3)
   """
-  if isinstance(param, optax.MaskedNode):
+  if is_absent(param):
     return param
   shape = tuple(param.shape)
   if spec is not None:
@@ -312,12 +326,63 @@ def zeros(spec: specs_lib.FoldSpec | None, param: Any, dtype, *,
   return placement.zeros_like_placed(shape, dtype or param.dtype, param)
 
 
+OLD_INT8_LAYOUT = (
+    "int8 moments in the layout of foam_jax 0.2 (a (codes, scales) pair at each "
+    "parameter's place). foam_jax 0.3 stores them as foam_jax.QuantizedMoments "
+    "(a tree of codes and a tree of scales) and cannot read the old layout. To keep "
+    "the run: with foam_jax 0.2, convert_state the state to float moments "
+    "(mu_dtype=nu_dtype=None) and save it; with 0.3, restore that and convert_state "
+    "it to int8. Or start the moments afresh with tx.init(params)."
+)
+
+
+def _is_moment_leaf(x: Any) -> bool:
+  return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def stored_moments(stored: Any, updates: Any, *, signed: bool, field: str) -> Any:
+  """A state's moment field as one moment per parameter, checked.
+
+  Args:
+    stored: the field (a float tree, or :class:`~foam_jax._src.quantize.QuantizedMoments`).
+    updates: the gradients, whose tree the moments follow.
+    signed: the field holds a first moment (the int8 code's sign).
+    field: the field's name, for messages.
+
+  Returns:
+    The moments (8-bit ones as per-parameter
+    :class:`~foam_jax._src.quantize.QuantizedMoment` s).
+
+  Raises:
+    ValueError: a parameter's place holds something other than an array, as
+      in the int8 layout of foam_jax 0.2.
+  """
+  moments = quantize.unpack(stored, signed=signed)
+
+  packed = isinstance(stored, quantize.QuantizedMoments)
+
+  def check(path, g, m):
+    if is_absent(g) or is_absent(m):
+      return
+    if _is_moment_leaf(m) and (packed or not isinstance(m, quantize.QuantizedMoment)):
+      return
+    found = type(m).__name__
+    if isinstance(m, dict):
+      found += f" with keys {sorted(m)}"
+    raise ValueError(
+        f"The optimizer state's {field} holds a {found} for the parameter at "
+        f"{jax.tree_util.keystr(path)}, where an array belongs: {OLD_INT8_LAYOUT}")
+
+  jax.tree_util.tree_map_with_path(check, updates, moments, is_leaf=is_absent)
+  return moments
+
+
 def map_leaves(fn, specs, *trees, outputs: int) -> tuple[Any, ...]:
   """``jax.tree.map`` of ``fn`` over a spec tree and trees shaped like it.
 
   ``fn`` returns a tuple of ``outputs`` values per leaf; the result is one
-  tree per output. ``optax.MaskedNode`` leaves are handed to ``fn``, which
-  must pass them through.
+  tree per output. Absent parameters (``None``, ``optax.MaskedNode``) are
+  handed to ``fn``, which must pass them through.
   """
   tuples = jax.tree.map(fn, specs, *trees, is_leaf=specs_lib.is_spec_leaf)
   return tuple(

@@ -21,6 +21,7 @@ from optax.contrib import MuonDimensionNumbers
 
 from foam_jax._src import moment
 from foam_jax._src import placement
+from foam_jax._src import quantize
 from foam_jax._src import specs as specs_lib
 from foam_jax._src import validation as _validation
 
@@ -130,7 +131,7 @@ def scale_by_folded_muon(
     mu_dtype: storage dtype of the momentum (default: the param's);
       ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits
       (codes plus one float32 scale per 256 entries, see
-      :class:`foam_jax.QuantizedMoment`).
+      :class:`foam_jax.QuantizedMoments`).
     nesterov: Nesterov momentum.
     adaptive: scale by the dual norm of the updates, as Optax's.
     preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` or
@@ -192,7 +193,7 @@ def scale_by_folded_muon(
     # placed as its inputs and its second call does not recompile.
     coeffs = placement.replicated_zeros(coeffs.shape, coeffs.dtype, params) + coeffs
     return FoldedMuonState(
-        count=placement.count_zeros(params), mu=mu, ns_coeffs=coeffs)
+        count=placement.count_zeros(params), mu=quantize.pack(mu), ns_coeffs=coeffs)
 
   def update_fn(updates, state, params=None):
     del params
@@ -207,7 +208,7 @@ def scale_by_folded_muon(
 
     def read(spec, g, mu):
       """The new folded momentum and its read-back ``U m + c R``, whole."""
-      if isinstance(g, optax.MaskedNode):
+      if moment.is_absent(g):
         return g, g, mu
       compute = jnp.promote_types(g.dtype, jnp.float32)
       fg = moment.FoldedGradient(
@@ -217,7 +218,8 @@ def scale_by_folded_muon(
                                    optax_order=True, step=count)
       return fg.unblock(fg.read(mu_read)), fg.unblock(fg.blocks), mu_new
 
-    m, g, mu = moment.map_leaves(read, specs, updates, state.mu, outputs=3)
+    mu = moment.stored_moments(state.mu, updates, signed=True, field="mu")
+    m, g, mu = moment.map_leaves(read, specs, updates, mu, outputs=3)
     # From here on, Optax's scale_by_muon on the read-back momentum, tree by
     # tree as Optax does it (so that level 0 is Optax's to the last bit).
     m_hat = moment.first_moment_hat(m, g, beta, count, nesterov)
@@ -232,6 +234,6 @@ def scale_by_folded_muon(
     updates = jax.tree.map(lambda u, g: u.astype(g.dtype), new_updates,
                            updates)
     return updates, FoldedMuonState(
-        count=count, mu=mu, ns_coeffs=state.ns_coeffs)
+        count=count, mu=quantize.pack(mu), ns_coeffs=state.ns_coeffs)
 
   return optax.GradientTransformation(init_fn, update_fn)

@@ -92,7 +92,7 @@ def foam_muon(
     weight_decay: Muon's weight decay.
     weight_decay_mask: which leaves get Muon's weight decay.
     mu_dtype: storage dtype of the first moments; ``jnp.int8`` stores them
-      blockwise-quantized in 8 bits (:class:`foam_jax.QuantizedMoment`).
+      blockwise-quantized in 8 bits (:class:`foam_jax.QuantizedMoments`).
     nesterov: Nesterov momentum (Muon's and AdamW's).
     adaptive: Optax's adaptive scaling.
     preconditioning: Optax's Newton-Schulz preconditioning.

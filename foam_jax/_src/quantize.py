@@ -1,9 +1,12 @@
 r"""Blockwise 8-bit storage of optimizer moments (``mu_dtype=jnp.int8``).
 
-A moment stored in 8 bits is a :class:`QuantizedMoment`: ``int8`` codes of
-the moment's shape plus one ``float32`` scale per block of ``B`` adjacent
-entries along the *last* axis (the scales keep the moment's rank, that axis
-shrunk to ``ceil(n / B)``). So codes and scales take the parameter's
+A moment tree stored in 8 bits is a :class:`QuantizedMoments`: two trees
+shaped like the params, ``codes`` (``int8``, each the moment's shape) and
+``scales`` (``float32``, one per block of ``B`` adjacent entries along the
+*last* axis: the moment's rank, that axis shrunk to ``ceil(n / B)``). Every
+state leaf is thus an array at its parameter's place, which every container
+that keeps array leaves (``nnx.Optimizer``, Orbax, Equinox's serialisation,
+Levanter's checkpointer) keeps. Codes and scales take the parameter's
 ``PartitionSpec`` like float moments do, and a block never straddles two
 shards as long as each shard's slice of the last axis is a multiple of
 ``B`` (:func:`block_size` fits ``B`` to a known sharding; under automatic
@@ -33,13 +36,6 @@ entries, where a linear (absmax) code rounds them to zero and blows up
 entry below the smallest code is stored as that code, never as zero.
 Encoding and decoding are integer shifts and a bitcast: no logarithms or
 exponentials.
-
-A first moment's stored scales are negative (:math:`-s`; ``-0.0`` for a
-zero block): the sign bit marks the code above. A first moment written
-before it (with 2 mantissa bits over 32 binades) has non-negative scales:
-such blocks are read in that code, so its checkpoints restore and train
-on, and every block is rewritten in the current code at the next update.
-:attr:`QuantizedMoment.bounds` is :math:`s` either way.
 
 Rounding is stochastic and unbiased in value: an entry between neighbouring
 code values :math:`a < x < b` is stored as :math:`b` with probability
@@ -73,7 +69,10 @@ from foam_jax._src import placement
 __all__ = [
     "BLOCK_SIZE",
     "QuantizedMoment",
+    "QuantizedMoments",
     "SignedQuantizedMoment",
+    "pack",
+    "unpack",
     "block_max",
     "block_size",
     "dequantize",
@@ -92,19 +91,41 @@ def is_quantized_dtype(dtype: Any) -> bool:
   return dtype is not None and jnp.dtype(dtype) == jnp.int8
 
 
+class QuantizedMoments(NamedTuple):
+  """A moment tree stored in 8 bits: codes and scales, each shaped like the params.
+
+  The state field of a moment stored with ``mu_dtype=jnp.int8`` (or
+  ``nu_dtype``) holds one of these in place of the float moment tree.
+
+  Attributes:
+    codes: a tree like the params of ``int8`` arrays, each the (folded)
+      moment's shape.
+    scales: a tree like the params of ``float32`` block scales, each the
+      moment's rank with the last axis shrunk to ``ceil(n / B)``: each scale
+      bounds its block's largest magnitude.
+
+  Examples:
+    >>> import jax.numpy as jnp, foam_jax
+    >>> state = foam_jax.scale_by_foam(mu_dtype=jnp.int8).init({"w": jnp.ones((8, 512))})
+    >>> state.mu.codes["w"].dtype, state.mu.scales["w"].shape
+    (dtype('int8'), (2, 2))
+  """
+
+  codes: Any
+  scales: Any
+
+
 class QuantizedMoment(NamedTuple):
-  """A moment stored as ``int8`` codes and per-block ``float32`` scales.
+  """One parameter's 8-bit moment while an update works on it (not stored).
 
   Attributes:
     codes: ``int8`` codes, the moment's shape.
-    scales: ``float32`` block scales (each at least its block's largest
-      magnitude; negated for a first moment, see the module's docstring),
-      the moment's rank with the last axis shrunk to ``ceil(n / B)``.
+    scales: ``float32`` block scales, the moment's rank with the last axis
+      shrunk to ``ceil(n / B)``.
 
-  This class holds a second moment (unsigned, zero-free code); its subclass
-  :class:`SignedQuantizedMoment` holds a first moment. The code is thus
-  static (the pytree node's type), and both are plain ``NamedTuple`` s to
-  ``jax.tree``, Orbax and ``optax.masked``.
+  This class reads a second moment (unsigned, zero-free code); its subclass
+  :class:`SignedQuantizedMoment` a first moment. The state stores the codes
+  and scales of all parameters as two trees (:class:`QuantizedMoments`).
   """
 
   codes: jax.Array
@@ -122,8 +143,8 @@ class QuantizedMoment(NamedTuple):
 
   @property
   def bounds(self) -> jax.Array:
-    """The block scales ``s`` (``|scales|``): each block's bound on ``|x|``."""
-    return jnp.abs(self.scales)
+    """The block scales ``s``: each block's bound on ``|x|``."""
+    return self.scales
 
   @property
   def block(self) -> int:
@@ -140,7 +161,39 @@ class QuantizedMoment(NamedTuple):
 
 
 class SignedQuantizedMoment(QuantizedMoment):
-  """A first moment (signed code) stored as :class:`QuantizedMoment`."""
+  """A first moment (signed code) as :class:`QuantizedMoment`."""
+
+
+def _is_view(x: Any) -> bool:
+  return isinstance(x, QuantizedMoment)
+
+
+def pack(tree: Any) -> Any:
+  """A tree of per-parameter moments as the state stores it.
+
+  A tree holding :class:`QuantizedMoment` s becomes one
+  :class:`QuantizedMoments` (codes and scales as two trees); a float tree is
+  returned as it is.
+  """
+  if not any(_is_view(x) for x in jax.tree.leaves(tree, is_leaf=_is_view)):
+    return tree
+  return QuantizedMoments(
+      codes=jax.tree.map(lambda q: q.codes, tree, is_leaf=_is_view),
+      scales=jax.tree.map(lambda q: q.scales, tree, is_leaf=_is_view))
+
+
+def unpack(stored: Any, *, signed: bool) -> Any:
+  """The per-parameter moments of a stored moment tree (:func:`pack`'s inverse).
+
+  Args:
+    stored: a state's moment field: a float tree, or a
+      :class:`QuantizedMoments`.
+    signed: whether it holds a first moment (signed code).
+  """
+  if not isinstance(stored, QuantizedMoments):
+    return stored
+  view = SignedQuantizedMoment if signed else QuantizedMoment
+  return jax.tree.map(view, stored.codes, stored.scales)
 
 
 def _block_of(shape: tuple[int, ...], scales_shape: tuple[int, ...]) -> int:
@@ -351,8 +404,6 @@ def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None, *,
     codes = (k - 128).astype(jnp.int8)
   codes = _unblocked(codes, n).reshape(shape)
   scales = scale[..., 0].reshape(_scales_shape(shape, block))
-  if signed:  # The sign bit marks the current first-moment code.
-    scales = -scales
   return type(like)(codes, scales)
 
 
@@ -379,10 +430,8 @@ def dequantize(q: QuantizedMoment) -> jax.Array:
   # Each scale broadcast over its block: a reshape, no gather.
   cb = _blocked(codes.astype(jnp.int32), block)
   s = scales[..., None]
-  if signed:  # Per block: the current code (negative scale) or the one before.
-    mant = jnp.where(jnp.signbit(s), float_code.MANT_MU,
-                     float_code.MANT_MU_V1).astype(jnp.int32)
-    x = float_code.ratio_of(jnp.abs(cb), mant, float_code.TOP_MU) * jnp.abs(s)
+  if signed:
+    x = float_code.ratio_of(jnp.abs(cb), float_code.MANT_MU, float_code.TOP_MU) * s
     x = jnp.where(cb < 0, -x, x)
   else:
     x = float_code.ratio_of(cb + 128, float_code.MANT_NU, float_code.TOP_NU) * s

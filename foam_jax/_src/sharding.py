@@ -36,7 +36,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
 from foam_jax._src import memory
-from foam_jax._src import quantize
 from foam_jax._src import specs as specs_lib
 
 __all__ = [
@@ -92,7 +91,9 @@ def pin_layout(tx: optax.GradientTransformation, params: Any
   reads the layout off the state).
 
   For transformations whose ``init`` reads only shapes, dtypes and
-  shardings (FOAM's, folded Muon's and Lion's, Optax's Adam...).
+  shardings (FOAM's, folded Muon's and Lion's, Optax's Adam...). Parameters
+  that ``init`` is given as absent (``None``, or ``optax.MaskedNode`` when
+  the pinned transformation sits inside ``optax.masked``) stay absent.
 
   Args:
     tx: the optimizer.
@@ -115,27 +116,35 @@ def pin_layout(tx: optax.GradientTransformation, params: Any
     ...                               NamedSharding(mesh, P(None, "x")))}
     >>> tx = pin_layout(foam_jax.foam(1e-3, nu_dtype=jnp.int8), params)
     >>> state = jax.jit(tx.init)(params)
-    >>> state[0].nu["w"].block == min(256, 1024 // jax.device_count())
+    >>> block = 1024 // state[0].nu.scales["w"].shape[-1]  # entries per scale
+    >>> block == min(256, 1024 // jax.device_count())
     True
   """
   pinned = memory.abstract(params)
 
   def init(given):
-    def check(path, want, got):
+    def pick(path, want, got):
+      if _is_masked(got) or got is None:
+        return got  # Absent in the params init is given (optax.masked): so here.
+      if _is_masked(want):
+        raise ValueError(
+            f"pin_layout: the parameter at {jax.tree_util.keystr(path)} was "
+            "masked out when the layout was pinned, and is present now.")
       if tuple(want.shape) != tuple(got.shape) or want.dtype != got.dtype:
         raise ValueError(
             f"pin_layout: the parameter at {jax.tree_util.keystr(path)} is "
             f"{got.dtype}{list(got.shape)}, the pinned one "
             f"{want.dtype}{list(want.shape)}.")
+      return want
 
     try:
-      jax.tree_util.tree_map_with_path(check, pinned, given, is_leaf=_is_masked)
+      target = jax.tree_util.tree_map_with_path(pick, pinned, given, is_leaf=_is_masked)
     except (ValueError, TypeError) as e:
       if "pin_layout" in str(e):
         raise
       raise ValueError(f"pin_layout: the params' tree differs from the pinned "
                        f"one: {e}") from None
-    return tx.init(pinned)
+    return tx.init(target)
 
   return tx._replace(init=init)
 
@@ -181,7 +190,7 @@ def straddling_blocks(
   found = []
 
   def check(path, spec, leaf):
-    if spec is None or isinstance(leaf, optax.MaskedNode):
+    if spec is None or leaf is None or isinstance(leaf, optax.MaskedNode):
       return
     if not isinstance(spec, specs_lib.FoldSpec):
       raise TypeError(
@@ -207,8 +216,8 @@ def _is_masked(x: Any) -> bool:
 
 
 def _is_param_leaf(x: Any) -> bool:
-  """A state leaf standing for one parameter: masked, or an int8 moment."""
-  return isinstance(x, (optax.MaskedNode, quantize.QuantizedMoment))
+  """A state leaf standing for one parameter: masked, or an array."""
+  return isinstance(x, optax.MaskedNode)
 
 
 def _mesh_axes_size(mesh, entry) -> int:
@@ -229,8 +238,8 @@ def state_shardings(tx: optax.GradientTransformation, params: Any) -> Any:
   leaf inside such a copy gets its parameter's ``NamedSharding`` when it has
   the parameter's rank (FOAM's folded moments do), and is replicated
   otherwise; every other leaf (step counts, hyperparameters) is replicated.
-  A moment stored in 8 bits (``mu_dtype=jnp.int8``) is a pair of codes and
-  per-block scales, both of the parameter's rank: each takes the
+  A moment stored in 8 bits (``mu_dtype=jnp.int8``) is a tree of codes and
+  a tree of per-block scales, both of the parameter's rank: each takes the
   parameter's sharding.
 
   Args:
@@ -294,35 +303,24 @@ def state_shardings(tx: optax.GradientTransformation, params: Any) -> Any:
     except Exception:  # pylint: disable=broad-except
       return False
 
-  def for_leaf(path, sharding, param, leaf, part=None):
+  def for_leaf(path, sharding, param, leaf):
     if isinstance(leaf, optax.MaskedNode):
       return leaf
-    if isinstance(leaf, quantize.QuantizedMoment):
-      return type(leaf)(*(for_leaf(path, sharding, param, x, name)
-                          for name, x in zip(leaf._fields, leaf)))
     if len(leaf.shape) != len(param.shape):
       return replicated
     for dim, entry in zip(leaf.shape, tuple(sharding.spec)):
       parts = _mesh_axes_size(sharding.mesh, entry)
-      if dim % parts and part is not None:
-        raise ValueError(
-            f"The int8 optimizer state ({part}) for the parameter at "
-            f"{jax.tree_util.keystr(path)} has shape {tuple(leaf.shape)}, "
-            f"which its parameter's sharding {sharding.spec} (shape "
-            f"{tuple(param.shape)}) cannot split: its quantization block was "
-            "chosen without seeing the sharding (automatic mesh axes under "
-            "tracing), so a block would straddle two shards. Use explicit "
-            "mesh axes, init on the sharded params eagerly, or store this "
-            "moment in bfloat16.")
       if dim % parts:
         raise ValueError(
             f"The optimizer state leaf for the parameter at "
             f"{jax.tree_util.keystr(path)} has shape {tuple(leaf.shape)}, "
             f"which its parameter's sharding {sharding.spec} (shape "
-            f"{tuple(param.shape)}) cannot split: its fold was chosen without "
-            "seeing the sharding (automatic mesh axes under tracing). Pass "
+            f"{tuple(param.shape)}) cannot split: its fold (or its int8 "
+            "quantization block) was chosen without seeing the sharding "
+            "(automatic mesh axes under tracing). Pass "
             "fold_spec=foam_jax.sharding.fitted_fold_specs(params) to the "
-            "optimizer, or use explicit mesh axes."
+            "optimizer, pin the layout with "
+            "foam_jax.sharding.pin_layout(tx, params), or use explicit mesh axes."
         )
     return sharding
 

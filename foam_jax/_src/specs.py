@@ -9,7 +9,9 @@ takes:
   kernel's input axis) at ``fold_level``, except leaves whose tree path
   contains ``embed`` or ``lm_head`` (case-insensitive), which keep Adam's
   moments like every leaf with ``ndim < 2``.
-* a pytree shaped like the params whose leaves are ``FoldSpec`` or ``None``;
+* a pytree shaped like the params whose leaves are ``FoldSpec`` or ``None``
+  (an entry at an absent parameter, ``None`` or ``optax.MaskedNode`` in the
+  params, is ignored: the parameter has no moments);
 * a callable ``params -> such a pytree`` (Optax's ``mask`` convention).
 
 When a parameter is sharded along its fold axis, a block must not straddle
@@ -284,8 +286,8 @@ def resolve_fold_specs(
     )
 
   def check(path, spec, leaf):
-    if isinstance(leaf, optax.MaskedNode):
-      return None
+    if leaf is None or isinstance(leaf, optax.MaskedNode):
+      return None  # An absent parameter: its spec entry is ignored.
     if not is_spec_leaf(spec):
       raise TypeError(
           f"fold_spec leaf at {_path_str(path)} must be a FoldSpec or None, "

@@ -13,6 +13,7 @@ import optax
 from foam_jax._src import folding
 from foam_jax._src import moment
 from foam_jax._src import placement
+from foam_jax._src import quantize
 from foam_jax._src import specs as specs_lib
 from foam_jax._src import validation as _validation
 
@@ -29,10 +30,12 @@ class ScaleByFoamState(NamedTuple):
 
   Attributes:
     count: number of updates applied so far (``int32``).
-    mu: first moments. A folded leaf's moment has the parameter's rank with
-      the fold axis shrunk to ``ceil(n / 2**level)``; other leaves have the
-      parameter's shape.
-    nu: second moments, shaped like ``mu``.
+    mu: first moments, a tree like the params. A folded leaf's moment has
+      the parameter's rank with the fold axis shrunk to
+      ``ceil(n / 2**level)``; other leaves have the parameter's shape.
+      Stored in 8 bits (``mu_dtype=jnp.int8``), a
+      :class:`foam_jax.QuantizedMoments` of two such trees (codes, scales).
+    nu: second moments, as ``mu``.
   """
 
   count: jax.Array
@@ -119,7 +122,7 @@ def scale_by_foam(
       as stored (rounded), like the authors' in-place code. A floating or
       complex dtype of 16 bits or more, or ``jnp.int8`` (or ``"int8"``):
       blockwise-quantized 8-bit storage, int8 codes plus one float32 scale
-      per 256 entries of the last axis (:class:`foam_jax.QuantizedMoment`),
+      per 256 entries of the last axis (:class:`foam_jax.QuantizedMoments`),
       dequantized, updated and requantized; the update reads the new moment
       before requantization. Other integer and 8-bit float dtypes are
       refused.
@@ -179,14 +182,15 @@ def scale_by_foam(
     specs = specs_lib.resolve_fold_specs(params, fold_spec, fold_level)
 
     def moments(spec, p):
-      if isinstance(p, optax.MaskedNode):
+      if moment.is_absent(p):
         return p, p
       return (moment.zeros(spec, p, mu_dtype or p.dtype),
               moment.zeros(spec, p, nu_dtype or moment.real_dtype(p.dtype),
                            second=True))
 
     mu, nu = moment.map_leaves(moments, specs, params, outputs=2)
-    return ScaleByFoamState(count=placement.count_zeros(params), mu=mu, nu=nu)
+    return ScaleByFoamState(count=placement.count_zeros(params),
+                            mu=quantize.pack(mu), nu=quantize.pack(nu))
 
   def update_fn(updates, state, params=None):
     del params
@@ -238,24 +242,27 @@ def scale_by_foam(
               mu_new, nu_new)
 
     def step_size_leaf(spec, g, mu, nu):
-      if isinstance(g, optax.MaskedNode):
+      if moment.is_absent(g):
         return g, mu, nu
       fg, m, v, scale, mu_new, nu_new = read(spec, g, mu, nu)
       u = fg.unblock(step_size_direction(m, v, fg.blocks, scale))
       return u.astype(g.dtype), mu_new, nu_new
 
     def moments_leaf(spec, g, mu, nu):
-      if isinstance(g, optax.MaskedNode):
+      if moment.is_absent(g):
         return g, g, g, mu, nu
       fg, m, v, scale, mu_new, nu_new = read(spec, g, mu, nu)
       return fg.unblock(m), fg.unblock(v), scale, mu_new, nu_new
 
+    mu = moment.stored_moments(state.mu, updates, signed=True, field="mu")
+    nu = moment.stored_moments(state.nu, updates, signed=False, field="nu")
     if not optax_form:
       updates, mu, nu = moment.map_leaves(
-          step_size_leaf, specs, updates, state.mu, state.nu, outputs=3)
-      return updates, ScaleByFoamState(count=count, mu=mu, nu=nu)
+          step_size_leaf, specs, updates, mu, nu, outputs=3)
+      return updates, ScaleByFoamState(
+          count=count, mu=quantize.pack(mu), nu=quantize.pack(nu))
     m, v, scale, mu, nu = moment.map_leaves(
-        moments_leaf, specs, updates, state.mu, state.nu, outputs=5)
+        moments_leaf, specs, updates, mu, nu, outputs=5)
     # From here on optax.scale_by_adam on the reads, tree by tree as Optax
     # does it (its tree functions are jitted over the whole tree, so the
     # same calls give the same bits).
@@ -266,6 +273,7 @@ def scale_by_foam(
         lambda m, v, a, g: (a * (m / (jnp.sqrt(v + eps_root) + eps))
                             ).astype(g.dtype),
         m_hat, v_hat, scale, updates)
-    return updates, ScaleByFoamState(count=count, mu=mu, nu=nu)
+    return updates, ScaleByFoamState(
+        count=count, mu=quantize.pack(mu), nu=quantize.pack(nu))
 
   return optax.GradientTransformation(init_fn, update_fn)
