@@ -31,7 +31,7 @@ from foam_jax._src.lion import scale_by_folded_lion
 from foam_jax._src.memory import state_bytes
 from foam_jax._src.muon import scale_by_folded_muon
 from foam_jax._src.muon_alias import foam_muon
-from foam_jax._src.quantize import QuantizedMoments
+from foam_jax._src.quantized_state import QuantizedMoments
 from foam_jax._src.specs import default_fold_specs
 from foam_jax._src.specs import FoldSpec
 from foam_jax._src.transform import scale_by_foam

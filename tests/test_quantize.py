@@ -24,6 +24,7 @@ from reference import NumpyFoam
 import foam_jax
 from foam_jax._src import float_code
 from foam_jax._src import quantize
+from foam_jax._src import quantized_state
 from foam_jax._src.hlo import COLLECTIVES
 from foam_jax._src.hlo import count_collectives
 
@@ -53,11 +54,11 @@ def _log_normal(shape, decades, seed=0):
 
 def _mu(field, key):
   """One parameter's first moment, from a state field, as a per-parameter view."""
-  return quantize.unpack(field, signed=True)[key]
+  return quantized_state.unpack(field, signed=True)[key]
 
 
 def _nu(field, key):
-  return quantize.unpack(field, signed=False)[key]
+  return quantized_state.unpack(field, signed=False)[key]
 
 
 def _roundtrip(x, signed, step=None):
@@ -426,7 +427,7 @@ def test_pinned_layout_under_auto_axes_jit_has_blocks_in_shards_and_no_collectiv
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), state, eager)
   for k, slice_ in (("w", 64), ("n", 32), ("r", 512)):
     for moments in ("mu", "nu"):
-      q = quantize.unpack(getattr(state[0], moments), signed=moments == "mu")[k]
+      q = quantized_state.unpack(getattr(state[0], moments), signed=moments == "mu")[k]
       shard = q.codes.sharding.shard_shape(q.codes.shape)[-1]
       assert shard == slice_ and shard % q.block == 0, (k, moments, q.block)
       assert q.scales.sharding.spec == params[k].sharding.spec

@@ -20,6 +20,7 @@ from foam_jax._src import lion
 from foam_jax._src import moment
 from foam_jax._src import muon
 from foam_jax._src import quantize
+from foam_jax._src import quantized_state
 from foam_jax._src import transform
 from foam_jax._src.specs import FoldSpec
 
@@ -79,7 +80,7 @@ def _state_types(tree: Any) -> list[str]:
 def _full_size(params: Any, tree: Any, where: str, *, signed: bool) -> Any:
   """A source moment tree with every leaf unfolded to its parameter's shape.
 
-  Int8 moments (:class:`~foam_jax._src.quantize.QuantizedMoments`) are
+  Int8 moments (:class:`~foam_jax._src.quantized_state.QuantizedMoments`) are
   dequantized; ``signed``: the tree holds first moments.
   """
   def unfold_leaf(path, p, m):
@@ -100,7 +101,7 @@ def _full_size(params: Any, tree: Any, where: str, *, signed: bool) -> Any:
     return folding.unfold(m, geom.axis, geom.level, shape[geom.axis])
 
   try:
-    tree = moment.stored_moments(tree, params, signed=signed,
+    tree = quantized_state.stored_moments(tree, params, signed=signed,
                                  field=f"moment at {where}")
     return jax.tree_util.tree_map_with_path(
         unfold_leaf, params, tree, is_leaf=_is_masked)
@@ -266,8 +267,8 @@ def convert_state(opt_state: optax.OptState,
       src = present[field]
       if src is None:
         src = jax.tree.map(lambda _: None, params, is_leaf=_is_masked)
-      targets = quantize.unpack(getattr(node, field), signed=field == "mu")
-      values[field] = quantize.pack(jax.tree_util.tree_map_with_path(
+      targets = quantized_state.unpack(getattr(node, field), signed=field == "mu")
+      values[field] = quantized_state.pack(jax.tree_util.tree_map_with_path(
           fill(field, name), params, targets, src, is_leaf=_is_masked))
     return node._replace(**values)
 

@@ -13,7 +13,7 @@ import optax
 
 from foam_jax._src import moment
 from foam_jax._src import placement
-from foam_jax._src import quantize
+from foam_jax._src import quantized_state
 from foam_jax._src import specs as specs_lib
 from foam_jax._src import validation as _validation
 
@@ -123,7 +123,7 @@ def scale_by_folded_lion(
         lambda spec, p: (moment.zeros(spec, p, mu_dtype),), specs, params,
         outputs=1)
     return ScaleByFoldedLionState(count=placement.count_zeros(params),
-                                  mu=quantize.pack(mu))
+                                  mu=quantized_state.pack(mu))
 
   def update_fn(updates, state, params=None):
     del params
@@ -142,10 +142,10 @@ def scale_by_folded_lion(
                              step=state.count)
       return fg.unblock(u).astype(g.dtype), mu_new
 
-    mu = moment.stored_moments(state.mu, updates, signed=True, field="mu")
+    mu = quantized_state.stored_moments(state.mu, updates, signed=True, field="mu")
     updates, mu = moment.map_leaves(leaf_update, specs, updates, mu, outputs=2)
     return updates, ScaleByFoldedLionState(
-        count=optax.safe_increment(state.count), mu=quantize.pack(mu))
+        count=optax.safe_increment(state.count), mu=quantized_state.pack(mu))
 
   return optax.GradientTransformation(init_fn, update_fn)
 

@@ -44,9 +44,7 @@ from foam_jax._src import specs as specs_lib
 
 __all__ = [
     "Geometry",
-    "OLD_INT8_LAYOUT",
     "is_absent",
-    "stored_moments",
     "FoldedGradient",
     "gradient_maxima",
     "geometry",
@@ -303,7 +301,7 @@ def zeros(spec: specs_lib.FoldSpec | None, param: Any, dtype, *,
   (:func:`is_absent`) passes through. Works on ``jax.ShapeDtypeStruct`` s
   under ``jax.eval_shape``. ``dtype=int8`` gives blockwise 8-bit storage
   (a :class:`~foam_jax._src.quantize.QuantizedMoment` view, which
-  :func:`~foam_jax._src.quantize.pack` turns into the state's layout), with
+  :func:`~foam_jax._src.quantized_state.pack` turns into the state's layout), with
   the code of a second moment when ``second`` (else a first moment's,
   signed).
 
@@ -324,57 +322,6 @@ def zeros(spec: specs_lib.FoldSpec | None, param: Any, dtype, *,
           f"{jnp.dtype(param.dtype).name} parameter of shape {tuple(param.shape)}.")
     return quantize.zeros(shape, param, signed=not second)
   return placement.zeros_like_placed(shape, dtype or param.dtype, param)
-
-
-OLD_INT8_LAYOUT = (
-    "int8 moments in the layout of foam_jax 0.2 (a (codes, scales) pair at each "
-    "parameter's place). foam_jax 0.3 stores them as foam_jax.QuantizedMoments "
-    "(a tree of codes and a tree of scales) and cannot read the old layout. To keep "
-    "the run: with foam_jax 0.2, convert_state the state to float moments "
-    "(mu_dtype=nu_dtype=None) and save it; with 0.3, restore that and convert_state "
-    "it to int8. Or start the moments afresh with tx.init(params)."
-)
-
-
-def _is_moment_leaf(x: Any) -> bool:
-  return hasattr(x, "shape") and hasattr(x, "dtype")
-
-
-def stored_moments(stored: Any, updates: Any, *, signed: bool, field: str) -> Any:
-  """A state's moment field as one moment per parameter, checked.
-
-  Args:
-    stored: the field (a float tree, or :class:`~foam_jax._src.quantize.QuantizedMoments`).
-    updates: the gradients, whose tree the moments follow.
-    signed: the field holds a first moment (the int8 code's sign).
-    field: the field's name, for messages.
-
-  Returns:
-    The moments (8-bit ones as per-parameter
-    :class:`~foam_jax._src.quantize.QuantizedMoment` s).
-
-  Raises:
-    ValueError: a parameter's place holds something other than an array, as
-      in the int8 layout of foam_jax 0.2.
-  """
-  moments = quantize.unpack(stored, signed=signed)
-
-  packed = isinstance(stored, quantize.QuantizedMoments)
-
-  def check(path, g, m):
-    if is_absent(g) or is_absent(m):
-      return
-    if _is_moment_leaf(m) and (packed or not isinstance(m, quantize.QuantizedMoment)):
-      return
-    found = type(m).__name__
-    if isinstance(m, dict):
-      found += f" with keys {sorted(m)}"
-    raise ValueError(
-        f"The optimizer state's {field} holds a {found} for the parameter at "
-        f"{jax.tree_util.keystr(path)}, where an array belongs: {OLD_INT8_LAYOUT}")
-
-  jax.tree_util.tree_map_with_path(check, updates, moments, is_leaf=is_absent)
-  return moments
 
 
 def map_leaves(fn, specs, *trees, outputs: int) -> tuple[Any, ...]:

@@ -21,7 +21,7 @@ from optax.contrib import MuonDimensionNumbers
 
 from foam_jax._src import moment
 from foam_jax._src import placement
-from foam_jax._src import quantize
+from foam_jax._src import quantized_state
 from foam_jax._src import specs as specs_lib
 from foam_jax._src import validation as _validation
 
@@ -193,7 +193,7 @@ def scale_by_folded_muon(
     # placed as its inputs and its second call does not recompile.
     coeffs = placement.replicated_zeros(coeffs.shape, coeffs.dtype, params) + coeffs
     return FoldedMuonState(
-        count=placement.count_zeros(params), mu=quantize.pack(mu), ns_coeffs=coeffs)
+        count=placement.count_zeros(params), mu=quantized_state.pack(mu), ns_coeffs=coeffs)
 
   def update_fn(updates, state, params=None):
     del params
@@ -218,7 +218,7 @@ def scale_by_folded_muon(
                                    optax_order=True, step=count)
       return fg.unblock(fg.read(mu_read)), fg.unblock(fg.blocks), mu_new
 
-    mu = moment.stored_moments(state.mu, updates, signed=True, field="mu")
+    mu = quantized_state.stored_moments(state.mu, updates, signed=True, field="mu")
     m, g, mu = moment.map_leaves(read, specs, updates, mu, outputs=3)
     # From here on, Optax's scale_by_muon on the read-back momentum, tree by
     # tree as Optax does it (so that level 0 is Optax's to the last bit).
@@ -234,6 +234,6 @@ def scale_by_folded_muon(
     updates = jax.tree.map(lambda u, g: u.astype(g.dtype), new_updates,
                            updates)
     return updates, FoldedMuonState(
-        count=count, mu=quantize.pack(mu), ns_coeffs=state.ns_coeffs)
+        count=count, mu=quantized_state.pack(mu), ns_coeffs=state.ns_coeffs)
 
   return optax.GradientTransformation(init_fn, update_fn)

@@ -1,12 +1,11 @@
 r"""Blockwise 8-bit storage of optimizer moments (``mu_dtype=jnp.int8``).
 
-A moment tree stored in 8 bits is a :class:`QuantizedMoments`: two trees
-shaped like the params, ``codes`` (``int8``, each the moment's shape) and
-``scales`` (``float32``, one per block of ``B`` adjacent entries along the
-*last* axis: the moment's rank, that axis shrunk to ``ceil(n / B)``). Every
-state leaf is thus an array at its parameter's place, which every container
-that keeps array leaves (``nnx.Optimizer``, Orbax, Equinox's serialisation,
-Levanter's checkpointer) keeps. Codes and scales take the parameter's
+One moment stored in 8 bits is ``int8`` codes of the moment's shape plus
+one ``float32`` scale per block of ``B`` adjacent entries along the *last*
+axis (the moment's rank, that axis shrunk to ``ceil(n / B)``); the state
+keeps them as two trees (:mod:`foam_jax._src.quantized_state`), while an
+update works on one parameter's :class:`QuantizedMoment`. Codes and scales
+take the parameter's
 ``PartitionSpec`` like float moments do, and a block never straddles two
 shards as long as each shard's slice of the last axis is a multiple of
 ``B`` (:func:`block_size` fits ``B`` to a known sharding; under automatic
@@ -69,10 +68,7 @@ from foam_jax._src import placement
 __all__ = [
     "BLOCK_SIZE",
     "QuantizedMoment",
-    "QuantizedMoments",
     "SignedQuantizedMoment",
-    "pack",
-    "unpack",
     "block_max",
     "block_size",
     "dequantize",
@@ -89,30 +85,6 @@ MIN_BLOCK_SIZE = 16
 def is_quantized_dtype(dtype: Any) -> bool:
   """Whether ``dtype`` asks for blockwise 8-bit storage (``int8``)."""
   return dtype is not None and jnp.dtype(dtype) == jnp.int8
-
-
-class QuantizedMoments(NamedTuple):
-  """A moment tree stored in 8 bits: codes and scales, each shaped like the params.
-
-  The state field of a moment stored with ``mu_dtype=jnp.int8`` (or
-  ``nu_dtype``) holds one of these in place of the float moment tree.
-
-  Attributes:
-    codes: a tree like the params of ``int8`` arrays, each the (folded)
-      moment's shape.
-    scales: a tree like the params of ``float32`` block scales, each the
-      moment's rank with the last axis shrunk to ``ceil(n / B)``: each scale
-      bounds its block's largest magnitude.
-
-  Examples:
-    >>> import jax.numpy as jnp, foam_jax
-    >>> state = foam_jax.scale_by_foam(mu_dtype=jnp.int8).init({"w": jnp.ones((8, 512))})
-    >>> state.mu.codes["w"].dtype, state.mu.scales["w"].shape
-    (dtype('int8'), (2, 2))
-  """
-
-  codes: Any
-  scales: Any
 
 
 class QuantizedMoment(NamedTuple):
@@ -162,38 +134,6 @@ class QuantizedMoment(NamedTuple):
 
 class SignedQuantizedMoment(QuantizedMoment):
   """A first moment (signed code) as :class:`QuantizedMoment`."""
-
-
-def _is_view(x: Any) -> bool:
-  return isinstance(x, QuantizedMoment)
-
-
-def pack(tree: Any) -> Any:
-  """A tree of per-parameter moments as the state stores it.
-
-  A tree holding :class:`QuantizedMoment` s becomes one
-  :class:`QuantizedMoments` (codes and scales as two trees); a float tree is
-  returned as it is.
-  """
-  if not any(_is_view(x) for x in jax.tree.leaves(tree, is_leaf=_is_view)):
-    return tree
-  return QuantizedMoments(
-      codes=jax.tree.map(lambda q: q.codes, tree, is_leaf=_is_view),
-      scales=jax.tree.map(lambda q: q.scales, tree, is_leaf=_is_view))
-
-
-def unpack(stored: Any, *, signed: bool) -> Any:
-  """The per-parameter moments of a stored moment tree (:func:`pack`'s inverse).
-
-  Args:
-    stored: a state's moment field: a float tree, or a
-      :class:`QuantizedMoments`.
-    signed: whether it holds a first moment (signed code).
-  """
-  if not isinstance(stored, QuantizedMoments):
-    return stored
-  view = SignedQuantizedMoment if signed else QuantizedMoment
-  return jax.tree.map(view, stored.codes, stored.scales)
 
 
 def _block_of(shape: tuple[int, ...], scales_shape: tuple[int, ...]) -> int:

@@ -13,7 +13,7 @@ import optax
 from foam_jax._src import folding
 from foam_jax._src import moment
 from foam_jax._src import placement
-from foam_jax._src import quantize
+from foam_jax._src import quantized_state
 from foam_jax._src import specs as specs_lib
 from foam_jax._src import validation as _validation
 
@@ -190,7 +190,7 @@ def scale_by_foam(
 
     mu, nu = moment.map_leaves(moments, specs, params, outputs=2)
     return ScaleByFoamState(count=placement.count_zeros(params),
-                            mu=quantize.pack(mu), nu=quantize.pack(nu))
+                            mu=quantized_state.pack(mu), nu=quantized_state.pack(nu))
 
   def update_fn(updates, state, params=None):
     del params
@@ -254,13 +254,13 @@ def scale_by_foam(
       fg, m, v, scale, mu_new, nu_new = read(spec, g, mu, nu)
       return fg.unblock(m), fg.unblock(v), scale, mu_new, nu_new
 
-    mu = moment.stored_moments(state.mu, updates, signed=True, field="mu")
-    nu = moment.stored_moments(state.nu, updates, signed=False, field="nu")
+    mu = quantized_state.stored_moments(state.mu, updates, signed=True, field="mu")
+    nu = quantized_state.stored_moments(state.nu, updates, signed=False, field="nu")
     if not optax_form:
       updates, mu, nu = moment.map_leaves(
           step_size_leaf, specs, updates, mu, nu, outputs=3)
       return updates, ScaleByFoamState(
-          count=count, mu=quantize.pack(mu), nu=quantize.pack(nu))
+          count=count, mu=quantized_state.pack(mu), nu=quantized_state.pack(nu))
     m, v, scale, mu, nu = moment.map_leaves(
         moments_leaf, specs, updates, mu, nu, outputs=5)
     # From here on optax.scale_by_adam on the reads, tree by tree as Optax
@@ -274,6 +274,6 @@ def scale_by_foam(
                             ).astype(g.dtype),
         m_hat, v_hat, scale, updates)
     return updates, ScaleByFoamState(
-        count=count, mu=quantize.pack(mu), nu=quantize.pack(nu))
+        count=count, mu=quantized_state.pack(mu), nu=quantized_state.pack(nu))
 
   return optax.GradientTransformation(init_fn, update_fn)
