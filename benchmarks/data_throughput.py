@@ -17,7 +17,7 @@ and measures:
 
 ::
 
-  python benchmarks/data_throughput.py --work /tmp/data_bench \
+  python -m benchmarks.data_throughput --work /tmp/data_bench \
       --out benchmarks/results/data_throughput
 """
 
@@ -42,8 +42,8 @@ from examples.llama import sharding as sharding_lib
 
 __all__ = ["loader_tokens_per_s", "main", "write_corpus"]
 
-TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                     "examples", "llama", "train.py")
+# The clone's root: the example runs from it (``python -m examples.llama.train``).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = {"tiny": (16, 128), "20m": (16, 256)}  # (batch, seq_len) of the runs timed.
 
 
@@ -86,11 +86,13 @@ def loader_tokens_per_s(directory: str, batch: int, seq_len: int, steps: int = 2
 def _train(dataset: str, preset: str, steps: int, out: str) -> dict[str, Any]:
   """A ``train.py --dataset`` child: its summary line and peak RSS (MiB)."""
   batch, seq_len = SHAPES[preset]
-  cmd = [sys.executable, TRAIN, "--dataset", dataset, "--preset", preset, "--steps", str(steps),
-         "--batch-size", str(batch), "--seq-len", str(seq_len), "--eval-every", str(steps),
+  cmd = [sys.executable, "-m", "examples.llama.train", "--dataset", dataset,
+         "--preset", preset, "--steps", str(steps), "--batch-size", str(batch),
+         "--seq-len", str(seq_len), "--eval-every", str(steps),
          "--eval-batches", "2", "--checkpoint-every", "0", "--sample", "0", "--no-progress",
          "--log-every", "5", "--out", out]
-  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
   log = proc.stdout.read()
   _, status, usage = os.wait4(proc.pid, 0)
   if status:

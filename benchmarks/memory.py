@@ -18,7 +18,7 @@ Three measurements, none of which allocates a model:
 
 The models are ``examples.llama``'s (``nnx.eval_shape``), the optimizers its
 registry, the step its train step; the report is ``memory_report``. Run
-``python benchmarks/memory.py`` (full, writes ``benchmarks/results/
+``python -m benchmarks.memory`` (full, writes ``benchmarks/results/
 memory.md`` and ``memory.json``) or ``--quick`` (seconds, for CI).
 """
 

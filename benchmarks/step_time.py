@@ -22,14 +22,14 @@ should say about the run (load, processes beside it).
 
 Usage::
 
-  python benchmarks/step_time.py --quick     # seconds, for CI
-  python benchmarks/step_time.py --train tiny,20m   # the committed results:
+  python -m benchmarks.step_time --quick     # seconds, for CI
+  python -m benchmarks.step_time --train tiny,20m   # the committed results:
       # benchmarks/results/step_time.md and .json (40 repeats per size and
       # dtype: about an hour on 2 busy cores)
-  python benchmarks/step_time.py --sizes 1b --dtypes float32,bfloat16 \\
+  python -m benchmarks.step_time --sizes 1b --dtypes float32,bfloat16 \\
       --optimizers adamw,foam,foam_l4,foam_l2_ax1,foam_mini \\
       --repeats 10 --inner 5 --warmup 3 --out $OUT/step_time_gpu.md  # GPU
-  python benchmarks/step_time.py --render benchmarks/results/step_time.json
+  python -m benchmarks.step_time --render benchmarks/results/step_time.json
       # re-render the Markdown from saved results
 """
 

@@ -8,7 +8,7 @@ ends with each run's machine, load, commit and command.
 
 Usage::
 
-  python benchmarks/step_time_compare.py before=b1.json after=a1.json \\
+  python -m benchmarks.step_time_compare before=b1.json after=a1.json \\
       before=b2.json after=a2.json --out benchmarks/results/step_time_plain_core.md
 """
 

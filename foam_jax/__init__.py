@@ -37,7 +37,7 @@ from foam_jax._src.specs import FoldSpec
 from foam_jax._src.transform import scale_by_foam
 from foam_jax._src.transform import ScaleByFoamState
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"
 
 __all__ = [
     "FoldSpec",

@@ -72,10 +72,11 @@ def test_the_batch_of_a_step_is_a_pure_function_of_seed_and_step(sp_dataset):
 
 
 def _train_py(flags, devices, **popen):
-  """``train.py FLAGS`` in a new process (session) on ``devices`` CPU devices."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
+  """``python -m examples.llama.train FLAGS`` in a new process (session) on
+  ``devices`` CPU devices."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-  return subprocess.Popen([sys.executable, str(ROOT / "examples" / "llama" / "train.py"),
+  return subprocess.Popen([sys.executable, "-m", "examples.llama.train",
                            *flags], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, start_new_session=True, **popen)
 

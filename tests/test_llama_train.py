@@ -192,12 +192,13 @@ def test_a_checkpoint_of_another_optimizer_fails_with_one_clear_line(tmp_path):
   out = tmp_path / "old_run"
   shutil.copytree(os.path.join(FIXTURES, "ckpt_860d33a"), out)
   proc = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "examples", "llama", "train.py"), "--resume",
+      [sys.executable, "-m", "examples.llama.train", "--resume",
        "--out", str(out), "--optimizer", "adamw", "--steps", "6", "--batch-size", "4",
        "--seq-len", "16", "--eval-every", "3", "--eval-batches", "2", "--num-layers", "1",
        "--hidden-size", "32", "--intermediate-size", "96", "--num-heads", "2",
        "--data", os.path.join(FIXTURES, "corpus.txt"), "--no-progress", "--sample", "0"],
-      capture_output=True, text=True, timeout=300, cwd=tmp_path)
+      capture_output=True, text=True, timeout=300, cwd=tmp_path,
+      env=dict(os.environ, PYTHONPATH=ROOT))
   assert proc.returncode == 2, proc.stderr
   last = proc.stderr.strip().splitlines()[-1]
   assert "error: Checkpoint 3 in" in last and "does not fit" in last, proc.stderr
@@ -212,7 +213,7 @@ def test_a_checkpoint_of_another_optimizer_fails_with_one_clear_line(tmp_path):
     (["--data", "/no/such/file.txt"], "no such file"),
 ])
 def test_bad_flags_end_in_one_error_line(argv, message):
-  proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "llama", "train.py"),
+  proc = subprocess.run([sys.executable, "-m", "examples.llama.train",
                          *argv, "--no-progress"], capture_output=True, text=True,
                         timeout=300, cwd=ROOT)
   assert proc.returncode == 2, proc.stderr
@@ -221,11 +222,13 @@ def test_bad_flags_end_in_one_error_line(argv, message):
   assert "Traceback" not in proc.stderr
 
 
-def test_the_package_imports_from_another_working_directory(tmp_path):
+def test_the_example_and_the_benchmarks_import_from_the_clone_root():
+  """They are not installed (the wheel holds foam_jax only): the clone's root
+  on the path, as ``python -m examples.llama.train`` from it puts it there."""
   code = ("import examples.llama.trainer, benchmarks.convergence, benchmarks.memory, "
           "benchmarks.step_time; print(examples.llama.trainer.__file__)")
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                        timeout=300, cwd=tmp_path)
+                        timeout=300, cwd=ROOT)
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.strip().startswith(ROOT)
 

@@ -2,9 +2,9 @@ r"""Tokenise a corpus once into memory-mappable shards for ``train.py --dataset`
 
 ::
 
-  python examples/llama/prepare_data.py c4/en/c4-train.*.json.gz \
+  python -m examples.llama.prepare_data c4/en/c4-train.*.json.gz \
       --out data/c4-t5 --tokenizer spiece.model --workers 16
-  python examples/llama/prepare_data.py book.txt notes/ --out data/mine   # bytes
+  python -m examples.llama.prepare_data book.txt notes/ --out data/mine   # bytes
 
 Inputs are UTF-8 text files, folders (every file under them, sorted, hidden
 files skipped) and JSON-lines files (``.jsonl``, ``.json.gz``,

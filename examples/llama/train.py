@@ -4,13 +4,13 @@ The default run is the CPU demo: the ``tiny`` preset, byte-level, on the
 English documentation text inside CPython (no download), a few minutes on 2
 cores::
 
-  python examples/llama/train.py
-  python examples/llama/train.py --optimizer adamw --sample 200
-  python examples/llama/train.py --data my.txt --steps 1000 --resume
+  python -m examples.llama.train
+  python -m examples.llama.train --optimizer adamw --sample 200
+  python -m examples.llama.train --data my.txt --steps 1000 --resume
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \
-    python examples/llama/train.py --mesh fsdp=2,tp=4
-  python examples/llama/prepare_data.py c4/ --out data/c4 --tokenizer spiece.model
-  python examples/llama/train.py --preset 60m --dataset data/c4 --distributed  # every host
+    python -m examples.llama.train --mesh fsdp=2,tp=4
+  python -m examples.llama.prepare_data c4/ --out data/c4 --tokenizer spiece.model
+  python -m examples.llama.train --preset 60m --dataset data/c4 --distributed  # every host
 
 Outputs go under ``--out`` (default ``runs/llama-<preset>-<optimizer>``):
 ``config.json``, ``metrics.jsonl`` (one record per evaluation), ``loss.png``
