@@ -132,7 +132,7 @@ def foam(
   )
 
 
-def _fixed_level_variant(level: int, name: str, doc: str):
+def _fixed_level_variant(level: specs_lib.Level, name: str, doc: str):
   """``foam`` with ``fold_level`` fixed and removed from its signature.
 
   Like ``functools.partial(foam, fold_level=level)`` (Optax's way to make
@@ -152,7 +152,7 @@ def _fixed_level_variant(level: int, name: str, doc: str):
 
   variant.__name__ = variant.__qualname__ = name
   variant.__doc__ = doc
-  variant.__signature__ = signature.replace(parameters=[
+  variant.__signature__ = signature.replace(parameters=[  # type: ignore[attr-defined]
       p for p in signature.parameters.values() if p.name != "fold_level"
   ])
   del variant.__wrapped__

@@ -31,7 +31,7 @@ class ScaleByFoldedLionState(NamedTuple):
       axis shrunk to ``ceil(n / 2**level)``.
   """
 
-  count: jax.Array
+  count: jax.Array  # type: ignore[assignment]  # (tuple.count; Optax's name)
   mu: optax.Updates
 
 

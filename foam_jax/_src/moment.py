@@ -167,7 +167,7 @@ class FoldedGradient:
       return
     axis, level = geom
     self._counts = folding.folded_counts(
-        self.length, level, g.ndim, axis, count_dtype or real_dtype(compute))
+        g.shape[axis], level, g.ndim, axis, count_dtype or real_dtype(compute))
     self.blocks = folding.to_blocks(g.astype(compute), axis, level)
     # Block sums as slices + adds (folding.block_sums): elementwise work
     # that fuses into the consumers, no separate reduction pass.
@@ -207,7 +207,7 @@ class FoldedGradient:
 
   def unblock(self, x_blocks: jax.Array) -> jax.Array:
     """From the blocked view back to the parameter's shape."""
-    if self.geom is None:
+    if self.geom is None or self.length is None:
       return x_blocks
     return folding.from_blocks(x_blocks, self.geom.axis, self.length)
 
@@ -257,18 +257,16 @@ def ema(moment: jax.Array | quantize.QuantizedMoment, target: jax.Array,
     >>> stored
     Array([0.5, 1. ], dtype=float32)
   """
-  quantized = isinstance(moment, quantize.QuantizedMoment)
-  if quantized:
-    m = moment.astype(compute_dtype or jnp.float32)
-  else:
-    m = moment if compute_dtype is None else moment.astype(compute_dtype)
-  if optax_order:
-    new = (1.0 - decay) * target + decay * m
-  else:
-    new = decay * m + (1.0 - decay) * target
-  if not quantized:
+  def average(m):
+    if optax_order:
+      return (1.0 - decay) * target + decay * m
+    return decay * m + (1.0 - decay) * target
+
+  if not isinstance(moment, quantize.QuantizedMoment):
+    new = average(moment if compute_dtype is None else moment.astype(compute_dtype))
     stored = new.astype(moment.dtype)
     return stored.astype(compute_dtype or stored.dtype), stored
+  new = average(moment.astype(compute_dtype or jnp.float32))
   if target_max is None:
     target_max = quantize.block_max(
         target, moment.block,
@@ -314,7 +312,7 @@ def zeros(spec: specs_lib.FoldSpec | None, param: Any, dtype, *,
     return param
   shape = tuple(param.shape)
   if spec is not None:
-    shape = folding.folded_shape(shape, spec.axis, spec.level)
+    shape = folding.folded_shape(shape, spec.axis, specs_lib.int_level(spec))
   if quantize.is_quantized_dtype(dtype):
     if jnp.issubdtype(param.dtype, jnp.complexfloating):
       raise TypeError(

@@ -51,7 +51,7 @@ class FoldedMuonState(NamedTuple):
     ns_coeffs: the Newton-Schulz coefficients, as Optax's.
   """
 
-  count: jax.Array
+  count: jax.Array  # type: ignore[assignment]  # (tuple.count; Optax's name)
   mu: optax.Updates
   ns_coeffs: jax.Array
 

@@ -39,9 +39,8 @@ def known_sharding(leaf: Any) -> jax.sharding.Sharding | None:
       sharding = jax.typeof(leaf).sharding
     except Exception:  # pylint: disable=broad-except
       return None
-    explicit = isinstance(sharding, NamedSharding) and getattr(
-        sharding.mesh, "explicit_axes", ()
-    )
+    explicit = isinstance(sharding, NamedSharding) and bool(
+        getattr(sharding.mesh, "explicit_axes", None))
     return sharding if explicit else None
   if isinstance(leaf, jax.Array):
     return leaf.sharding if leaf.committed else None
@@ -100,7 +99,7 @@ def zeros_like_placed(shape, dtype, leaf: Any) -> jax.Array:
   sharding = known_sharding(leaf)
   if sharding is None:
     return jnp.zeros(shape, dtype)
-  if isinstance(leaf, jax.core.Tracer):
+  if isinstance(leaf, jax.core.Tracer) and isinstance(sharding, NamedSharding):
     return jnp.zeros(shape, dtype, out_sharding=sharding)
   return jnp.zeros(shape, dtype, device=sharding)
 
@@ -113,7 +112,7 @@ def replicated_zeros(shape, dtype, params: Any) -> jax.Array:
       continue
     if isinstance(sharding, NamedSharding):
       sharding = NamedSharding(sharding.mesh, PartitionSpec())
-    if isinstance(leaf, jax.core.Tracer):
+    if isinstance(leaf, jax.core.Tracer) and isinstance(sharding, NamedSharding):
       return jnp.zeros(shape, dtype, out_sharding=sharding)
     return jnp.zeros(shape, dtype, device=sharding)
   return jnp.zeros(shape, dtype)

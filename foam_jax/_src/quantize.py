@@ -330,6 +330,8 @@ def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None, *,
   else:
     mant_bits, top = float_code.MANT_NU, float_code.TOP_NU
   shift = 23 - mant_bits
+  u_bits: Any  # Added below the kept bits: half a step, or uniform bits.
+  u: Any
   if step is None:
     u_bits, u = np.uint32(1 << (shift - 1)), np.float32(0.5)
   else:

@@ -40,6 +40,7 @@ __all__ = [
     "FoldSpec",
     "Level",
     "concrete_spec",
+    "int_level",
     "FoldSpecTree",
     "default_fold_specs",
     "requested_fold_specs",
@@ -148,26 +149,32 @@ def concrete_spec(spec: FoldSpec, fold_level: Level, leaf: Any) -> FoldSpec:
   return dataclasses.replace(spec, level=level)
 
 
-def _fit_default_spec(spec: FoldSpec, leaf: Any) -> FoldSpec:
-  """Lowers the level or moves to axis -1 so blocks stay inside shards.
+def _fit_default_spec(spec: FoldSpec, level: Level, leaf: Any) -> FoldSpec:
+  """``spec`` at ``level``, lowered or moved to axis -1 so blocks stay inside shards.
 
   Of the requested axis and the last one, the axis whose level must be
-  lowered least wins (the requested one on a tie); ``spec.level`` is
-  concrete for the requested axis, or ``"whole_axis"``.
+  lowered least wins (the requested one on a tie); ``level`` is an int or
+  ``"whole_axis"`` (resolved per axis).
   """
   local = shard_shape(leaf)
   if local is None:
-    return concrete_spec(spec, spec.level, leaf)
+    return concrete_spec(spec, level, leaf)
   shape = tuple(leaf.shape)
-  best, least = None, None
+  best = concrete_spec(spec, level, leaf)
+  least = None
   for axis in dict.fromkeys((spec.axis % len(shape), len(shape) - 1)):
-    wanted = spec.level
-    if wanted == folding.WHOLE_AXIS:
-      wanted = folding.whole_axis_level(shape[axis])
-    level = _largest_fitting_level(shape[axis], local[axis], wanted)
-    if least is None or wanted - level < least:
-      best, least = FoldSpec(axis=axis - len(shape), level=level), wanted - level
+    wanted = level if isinstance(level, int) else folding.whole_axis_level(shape[axis])
+    fitted = _largest_fitting_level(shape[axis], local[axis], wanted)
+    if least is None or wanted - fitted < least:
+      best, least = FoldSpec(axis=axis - len(shape), level=fitted), wanted - fitted
   return best
+
+
+def int_level(spec: FoldSpec) -> int:
+  """``spec``'s level, which must be concrete (:func:`concrete_spec`)."""
+  if not isinstance(spec.level, int):
+    raise ValueError(f"{spec} has no concrete level; resolve it with concrete_spec.")
+  return spec.level
 
 
 def straddle(spec: FoldSpec, leaf: Any) -> tuple[int, int] | None:
@@ -181,9 +188,9 @@ def straddle(spec: FoldSpec, leaf: Any) -> tuple[int, int] | None:
     return None
   axis = spec.axis % leaf.ndim
   n, shard_n = leaf.shape[axis], local[axis]
-  if _level_fits(n, shard_n, spec.level):
+  if _level_fits(n, shard_n, int_level(spec)):
     return None
-  return folding.block_size(n, spec.level), shard_n
+  return folding.block_size(n, int_level(spec)), shard_n
 
 
 def _check_explicit_spec(spec: FoldSpec, leaf: Any, path) -> None:
@@ -307,8 +314,7 @@ def resolve_fold_specs(
           f"{_path_str(path)} with shape {tuple(leaf.shape)}."
       )
     if is_default:
-      level = fold_level if spec.level is None else spec.level
-      return _fit_default_spec(dataclasses.replace(spec, level=level), leaf)
+      return _fit_default_spec(spec, fold_level if spec.level is None else spec.level, leaf)
     spec = concrete_spec(spec, fold_level, leaf)
     _check_explicit_spec(spec, leaf, path)
     return spec

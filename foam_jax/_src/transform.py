@@ -38,7 +38,7 @@ class ScaleByFoamState(NamedTuple):
     nu: second moments, as ``mu``.
   """
 
-  count: jax.Array
+  count: jax.Array  # type: ignore[assignment]  # (tuple.count; Optax's name)
   mu: optax.Updates
   nu: optax.Updates
 
