@@ -299,8 +299,10 @@ def render(results) -> str:
           f"| {r['config']} | {r['optimizer']} | {r['params'] / 1e6:.1f}M | "
           f"{_mib(r['state'])} | {_mib(r['peak'])} | {_mib(r['temp'])} | "
           f"{'' if frac is None else f'{100 * frac:.1f}%'} |")
+    # FOAM's Adam (levels and Mini); folded Muon and Lion are their own rows.
     kept = [r["peak_saving_fraction"] for r in comp
             if r["optimizer"].startswith("foam")
+            and not r["optimizer"].startswith(("foam_muon", "foam_lion"))
             and "peak_saving_fraction" in r]
     if kept:
       verdict = (": the folded update adds no temporaries beyond AdamW's"
