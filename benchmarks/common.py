@@ -15,7 +15,8 @@ import jax
 
 from examples.llama.outputs import machine_info
 
-__all__ = ["block", "header_lines", "machine_info", "note_lines", "tree_bytes", "tree_size"]
+__all__ = ["block", "header_lines", "machine_info", "note_lines", "provenance_lines",
+           "tree_bytes", "tree_size"]
 
 
 def tree_size(tree: Any) -> int:
@@ -77,6 +78,23 @@ def note_lines(notes: list[str] | None) -> list[str]:
   for note in notes or []:
     out += [note, ""]
   return out
+
+
+def provenance_lines(info: dict[str, Any], notes: list[str] | None,
+                     extra: list[str] | None = None) -> list[str]:
+  """The report's closing section: how, where and when it was measured.
+
+  Reports open with what was measured and its tables; the run's machine,
+  command, software, load and notes close them.
+
+  Examples:
+    >>> provenance_lines({"date": "d", "command": "c", "cpu": "x", "cores": 2,
+    ...                   "backend": "cpu", "devices": "1 x cpu", "jax": "j",
+    ...                   "jaxlib": "j", "python": "p", "xla_flags": ""}, ["n"])[:3]
+    ['## Provenance', '', '- Date: d']
+  """
+  return (["## Provenance", ""] + header_lines(info) + list(extra or []) + [""]
+          + note_lines(notes))
 
 
 def block(tree: Any) -> Any:

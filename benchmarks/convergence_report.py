@@ -177,10 +177,6 @@ def write_report(data, out):
   meta = data["meta"]
   plan = meta["plan"]
   lines = ["# Convergence benchmark", ""]
-  lines += common.header_lines(meta["machine"])
-  lines += ["- Runs produced by (resumed or in parallel; each command with "
-            "the date and CPU it started on): "
-            + "; ".join(_commands(meta)), ""]
   lines += [
       "Byte-level LLaMA (the example's presets with vocabulary 256, float32, "
       "no remat) trained with next-byte cross-entropy on random windows of "
@@ -198,7 +194,6 @@ def write_report(data, out):
       "wall-clock column and plots are no speed comparison (load and "
       "processes beside a run vary; see the notes); "
       "`results/step_time.md` measures speed.", ""]
-  lines += common.note_lines(_notes(meta))
 
   for suite in summarize(data, plan):
     model_name, dataset = suite["model"], suite["dataset"]
@@ -300,7 +295,11 @@ def write_report(data, out):
                 "embeddings, head and norms step `lr`: comparing it with the "
                 "recipe separates what folding does from what FOAM's split "
                 "step size does. AdamW steps every weight at `lr`.", ""]
+  lines += common.provenance_lines(
+      meta["machine"], _notes(meta),
+      ["- Runs produced by (resumed or in parallel; each command with the date and CPU "
+       "it started on): " + "; ".join(_commands(meta))])
   with open(os.path.join(out, "convergence.md"), "w") as f:
-    f.write("\n".join(lines) + "\n")
+    f.write("\n".join(lines).rstrip("\n") + "\n")
 
 

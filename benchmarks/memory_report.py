@@ -200,12 +200,6 @@ def render(results) -> str:
   """The Markdown report for ``results`` (see ``memory.main``)."""
   results = _canonical(results)
   lines = ["# Memory benchmark", ""]
-  lines += common.header_lines(results["machine"])
-  if len(results.get("commands", [])) > 1:
-    lines.append("- Sections produced by: " + "; ".join(
-        f"`{c}`" for c in results["commands"]))
-  lines.append("")
-  lines += common.note_lines(results.get("notes"))
   ana = results.get("analytic") or []
   opts = [o for o in OPTIMIZERS if any(r["optimizer"] == o for r in ana)]
   configs = list(dict.fromkeys(r["config"] for r in ana))
@@ -349,6 +343,9 @@ def render(results) -> str:
                          f"{r['params'] / here['adamw']['params']:.2f}x")
       lines.append(f"- {budget} GiB: " + "; ".join(parts))
     lines.append("")
+  sections = (["- Sections produced by: " + "; ".join(f"`{c}`" for c in results["commands"])]
+              if len(results.get("commands", [])) > 1 else [])
+  lines += common.provenance_lines(results["machine"], results.get("notes"), sections)
   return "\n".join(lines)
 
 

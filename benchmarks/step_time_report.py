@@ -26,7 +26,6 @@ def render(results: dict[str, Any]) -> str:
   """Renders the results as a Markdown report."""
   results = _canonical(results)
   lines = ["# Optimizer step time", ""]
-  lines += common.header_lines(results["machine"]) + [""]
   lines += [
       "Optimizer step alone: `tx.update` + `optax.apply_updates`, jitted, "
       "params and state donated, fixed gradients. Every optimizer of one "
@@ -42,7 +41,6 @@ def render(results: dict[str, Any]) -> str:
       "buffer bytes of the jitted donated step (`memory_analysis()`).",
       "",
   ]
-  lines += common.note_lines(results.get("notes"))
   if results["step"]:
     names = []
     for res in results["step"]:
@@ -105,6 +103,7 @@ def render(results: dict[str, Any]) -> str:
                    f"{r['tokens_per_s']:.0f} | {ratio} | "
                    f"{_mb(r.get('temp_bytes'))} |")
     lines.append("")
+  lines += common.provenance_lines(results["machine"], results.get("notes"))
   return "\n".join(lines)
 
 

@@ -45,13 +45,15 @@ def command_line() -> str:
     True
   """
   script = sys.argv[0]
-  if script.endswith(".py"):
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  if spec is not None and spec.name != "__main__":  # python -m MODULE
+    script = "-m " + spec.name
+  elif script.endswith(".py"):
     script = os.path.relpath(script)
   elif script == "-c":
     script = "-c ..."
   elif script in ("-m", ""):
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    script = "-m " + (spec.name if spec else "?")
+    script = "-m ?"
   return "python " + " ".join([script] + [shlex.quote(a) for a in sys.argv[1:]])
 
 
