@@ -199,7 +199,8 @@ def paper_schedule(
     An Optax schedule.
 
   Examples:
-    >>> sched = paper_schedule(1e-2, 1000)
+    >>> import foam_jax
+    >>> sched = foam_jax.paper_schedule(1e-2, 1000)
     >>> [round(float(sched(s)), 6) for s in (0, 100, 1000)]
     [0.0, 0.01, 0.001]
   """

@@ -51,7 +51,7 @@ def tree_bytes(tree: Any) -> int:
 
 
 def abstract(tree: Any) -> Any:
-  """``jax.ShapeDtypeStruct``s (shardings kept) for the arrays of ``tree``.
+  """``jax.ShapeDtypeStruct`` s (shardings kept) for the arrays of ``tree``.
 
   Leaves without a shape and dtype are returned as they are.
 
@@ -76,7 +76,7 @@ def state_bytes(tx: optax.GradientTransformation, params: Any) -> int:
 
   Args:
     tx: any Optax transformation.
-    params: the parameters, concrete or ``jax.ShapeDtypeStruct``s.
+    params: the parameters, concrete or ``jax.ShapeDtypeStruct`` s.
 
   Returns:
     The number of bytes ``tx.init(params)`` would allocate.
@@ -84,8 +84,8 @@ def state_bytes(tx: optax.GradientTransformation, params: Any) -> int:
   Examples:
     >>> import jax, jax.numpy as jnp, optax, foam_jax
     >>> params = {"w": jax.ShapeDtypeStruct((4096, 4096), jnp.float32)}
-    >>> foam_bytes = state_bytes(foam_jax.foam(1e-3), params)
-    >>> adam_bytes = state_bytes(optax.adam(1e-3), params)
+    >>> foam_bytes = foam_jax.state_bytes(foam_jax.foam(1e-3), params)
+    >>> adam_bytes = foam_jax.state_bytes(optax.adam(1e-3), params)
     >>> round(foam_bytes / adam_bytes, 3)  # level 2: a quarter of Adam's
     0.25
   """

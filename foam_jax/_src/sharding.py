@@ -69,7 +69,7 @@ def fitted_fold_specs(params: Any, fold_level: specs_lib.Level = 2
     >>> mesh = jax.sharding.AbstractMesh((8,), ("x",))  # or a real Mesh
     >>> narrow = jax.ShapeDtypeStruct(
     ...     (16, 32), jnp.float32, sharding=NamedSharding(mesh, P("x")))
-    >>> fitted_fold_specs({"w": narrow})["w"]  # 2 rows per shard < block of 4
+    >>> foam_jax.sharding.fitted_fold_specs({"w": narrow})["w"]  # 2 rows per shard < block of 4
     FoldSpec(axis=-1, level=2)
   """
   return specs_lib.resolve_fold_specs(params, None, fold_level)
@@ -114,7 +114,7 @@ def pin_layout(tx: optax.GradientTransformation, params: Any
     ...                      axis_types=(jax.sharding.AxisType.Auto,))
     >>> params = {"w": jax.device_put(jnp.ones((8, 1024)),
     ...                               NamedSharding(mesh, P(None, "x")))}
-    >>> tx = pin_layout(foam_jax.foam(1e-3, nu_dtype=jnp.int8), params)
+    >>> tx = foam_jax.sharding.pin_layout(foam_jax.foam(1e-3, nu_dtype=jnp.int8), params)
     >>> state = jax.jit(tx.init)(params)
     >>> block = 1024 // state[0].nu.scales["w"].shape[-1]  # entries per scale
     >>> block == min(256, 1024 // jax.device_count())
@@ -183,7 +183,7 @@ def straddling_blocks(
     >>> mesh = jax.sharding.AbstractMesh((8,), ("x",))  # or a real Mesh
     >>> w = jax.ShapeDtypeStruct(
     ...     (16, 32), jnp.float32, sharding=NamedSharding(mesh, P("x")))
-    >>> straddling_blocks({"w": w})
+    >>> foam_jax.sharding.straddling_blocks({"w": w})
     [Straddle(path="['w']", axis=-2, block=4, shard=2)]
   """
   specs = specs_lib.requested_fold_specs(params, fold_spec, fold_level)
@@ -265,7 +265,7 @@ def state_shardings(tx: optax.GradientTransformation, params: Any) -> Any:
     >>> params = {"w": jax.device_put(
     ...     jnp.ones((64, 32)), NamedSharding(mesh, P("x", None)))}
     >>> tx = foam_jax.foam(1e-3)
-    >>> shardings = state_shardings(tx, params)
+    >>> shardings = foam_jax.sharding.state_shardings(tx, params)
     >>> shardings[0].mu["w"].spec, shardings[0].count.spec
     (P('x', None), P())
     >>> state = jax.jit(tx.init, out_shardings=shardings)(params)
@@ -354,7 +354,7 @@ def abstract_state(tx: optax.GradientTransformation, params: Any) -> Any:
     >>> mesh = jax.make_mesh((jax.device_count(),), ("x",))
     >>> params = {"w": jax.ShapeDtypeStruct(
     ...     (64, 32), jnp.float32, sharding=NamedSharding(mesh, P("x")))}
-    >>> target = abstract_state(foam_jax.foam(1e-3), params)
+    >>> target = foam_jax.sharding.abstract_state(foam_jax.foam(1e-3), params)
     >>> target[0].mu["w"].shape, target[0].mu["w"].sharding.spec
     ((16, 32), P('x',))
   """

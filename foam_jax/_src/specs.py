@@ -18,7 +18,7 @@ When a parameter is sharded along its fold axis, a block must not straddle
 two shards (else the update needs communication): with the axis split ``s``
 ways, ``(n / s) % k == 0`` must hold. The default policy reads the
 parameter's sharding when it is known (concrete ``jax.Array``s,
-``jax.ShapeDtypeStruct``s with a sharding, tracers under explicit mesh axes)
+``jax.ShapeDtypeStruct`` s with a sharding, tracers under explicit mesh axes)
 and lowers the level to the largest that fits, or folds the last axis instead
 when that keeps a higher level. Explicit ``FoldSpec``s are never changed: one
 that straddles shards raises ``ValueError``.
@@ -217,7 +217,7 @@ def default_fold_specs(params: Any, fold_level: Level = 2) -> FoldSpecTree:
   ``fold_spec`` argument to start an override from.
 
   Args:
-    params: the parameter pytree (arrays or ``jax.ShapeDtypeStruct``s).
+    params: the parameter pytree (arrays or ``jax.ShapeDtypeStruct`` s).
     fold_level: the level of the folded leaves.
 
   Returns:
