@@ -183,8 +183,6 @@ def render(r: dict[str, Any]) -> str:
   """The results file as Markdown, from the data alone."""
   m = r["machine"]
   lines = ["# Data pipeline throughput and memory", "",
-           f"Machine: {m.get('cpu')}, {m.get('cores')} cores, load {m.get('load')} at the start, "
-           f"{m.get('date')}. {r['note']}", f"Command: `{r['command']}`", "",
            "## Loader vs train step (tokens/s, CPU)", "",
            "| preset | batch x seq | loader alone | train step | loader / step |",
            "|---|---|---|---|---|"]
@@ -208,6 +206,9 @@ def render(r: dict[str, Any]) -> str:
     lines.append(f"| {c[name]['input_bytes'] / 1e6:,.1f} MB | {tokens:,} | "
                  f"{r['memory'][name]:,.1f} |")
   lines.append(f"\nDifference: {r['memory']['big'] - r['memory']['small']:+,.1f} MiB.\n")
+  lines += ["## Provenance", "",
+            f"Machine: {m.get('cpu')}, {m.get('cores')} cores, load {m.get('load')} at the start, "
+            f"{m.get('date')}. {r['note']}", "", f"Command: `{r['command']}`", ""]
   return "\n".join(lines)
 
 

@@ -120,9 +120,6 @@ def render(results: dict[str, Any], out_dir: str) -> str:
   lines = [
       "# Switching a running AdamW job to FOAM",
       "",
-      *common.header_lines(results["machine"]),
-      "",
-      *common.note_lines(results.get("notes")),
       f"The example's `{results['preset']}` preset"
       + (" (shrunken: --quick)" if results["quick"] else "")
       + f" on its built-in corpus, {steps} steps, one lr schedule for every run "
@@ -140,6 +137,7 @@ def render(results: dict[str, Any], out_dir: str) -> str:
       "",
       "![validation loss](switch.png)",
       "",
+      *common.provenance_lines(results["machine"], results.get("notes")),
   ]
   text = "\n".join(lines)
   with open(os.path.join(out_dir, "switch.md"), "w") as f:
