@@ -196,9 +196,7 @@ def check(params, grads, steps: int = 3) -> dict[str, float]:
 def render(results: dict[str, Any]) -> str:
   """The Markdown report."""
   lines = ["# Native FOAM step (an experiment)", "",
-           *common.header_lines(results["machine"]), "",
            DESCRIPTION, "",
-           *common.note_lines(results["notes"]),
            f"{results['size']} ({results['num_params'] / 1e6:.1f}M params), float32, "
            f"{results['repeats']} interleaved repeats. Deviation from `foam_jax.foam` "
            "after 3 steps (largest over the folded leaves of max |difference| / max "
@@ -209,7 +207,8 @@ def render(results: dict[str, Any]) -> str:
   for row in results["rows"]:
     lines.append(f"| {row['name']} | {row['median_ms']:.2f} | {row['paired_ratio']:.3f} "
                  f"| {row['temp_bytes'] / 2**20:.1f} |")
-  return "\n".join(lines) + "\n"
+  lines += ["", *common.provenance_lines(results["machine"], results["notes"])]
+  return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def main(argv=None) -> dict[str, Any]:
