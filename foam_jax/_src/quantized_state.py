@@ -17,15 +17,11 @@ from typing import Any
 from typing import NamedTuple
 
 import jax
-import optax
 
 from foam_jax._src import quantize
+from foam_jax._src.moment import is_absent
 
 __all__ = ["OLD_INT8_LAYOUT", "QuantizedMoments", "pack", "stored_moments", "unpack"]
-
-
-def _is_absent(x: Any) -> bool:
-  return x is None or isinstance(x, optax.MaskedNode)
 
 
 class QuantizedMoments(NamedTuple):
@@ -119,7 +115,7 @@ def stored_moments(stored: Any, updates: Any, *, signed: bool, field: str) -> An
   packed = isinstance(stored, QuantizedMoments)
 
   def check(path, g, m):
-    if _is_absent(g) or _is_absent(m):
+    if is_absent(g) or is_absent(m):
       return
     if _is_moment_leaf(m) and (packed or not isinstance(m, quantize.QuantizedMoment)):
       return
@@ -130,5 +126,5 @@ def stored_moments(stored: Any, updates: Any, *, signed: bool, field: str) -> An
         f"The optimizer state's {field} holds a {found} for the parameter at "
         f"{jax.tree_util.keystr(path)}, where an array belongs: {OLD_INT8_LAYOUT}")
 
-  jax.tree_util.tree_map_with_path(check, updates, moments, is_leaf=_is_absent)
+  jax.tree_util.tree_map_with_path(check, updates, moments, is_leaf=is_absent)
   return moments
