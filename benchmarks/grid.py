@@ -25,8 +25,8 @@ import optax
 
 from examples.llama import optimizers
 
-__all__ = ["DEFAULT_LR", "GRID", "NAMES", "canonical_name", "family_of",
-           "make_optimizer", "scale_by_lr_arg", "settings_of"]
+__all__ = ["DEFAULT_LR", "GRID", "NAMES", "canonical_name", "make_optimizer",
+           "scale_by_lr_arg"]
 
 _INT8 = {"mu_dtype": "int8", "nu_dtype": "int8"}
 
@@ -43,26 +43,6 @@ GRID: dict[str, tuple[str, dict[str, Any]]] = {
 }
 NAMES = tuple(GRID)
 DEFAULT_LR = {name: optimizers.DEFAULT_LR[family] for name, (family, _) in GRID.items()}
-
-
-def family_of(name: str) -> str:
-  """The example's optimizer family of grid name ``name``.
-
-  Examples:
-    >>> family_of("foam_l3_ax1"), family_of("adamw")
-    ('foam', 'adamw')
-  """
-  return _lookup(name)[0]
-
-
-def settings_of(name: str) -> dict[str, Any]:
-  """The settings grid name ``name`` gives its family.
-
-  Examples:
-    >>> settings_of("foam_l3_ax1")
-    {'fold_level': 3, 'fold_axis': -1}
-  """
-  return dict(_lookup(name)[1])
 
 
 def _lookup(name: str) -> tuple[str, dict[str, Any]]:

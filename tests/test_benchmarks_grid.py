@@ -10,9 +10,8 @@ from examples.llama import optimizers
 def test_every_grid_name_is_a_family_with_settings_the_family_takes():
   assert set(optimizers.OPTIMIZERS) <= set(grid.NAMES)
   for name in grid.NAMES:
-    family = grid.family_of(name)
+    family, settings = grid.GRID[name]
     assert family in optimizers.OPTIMIZERS
-    settings = grid.settings_of(name)
     optimizers.check_fold_settings(
         family, **{k: v for k, v in settings.items() if k.startswith("fold_")})
     optimizers.check_moment_dtypes(

@@ -105,8 +105,10 @@ def _full_size(params: Any, tree: Any, where: str, *, signed: bool) -> Any:
                                  field=f"moment at {where}")
     return jax.tree_util.tree_map_with_path(
         unfold_leaf, params, tree, is_leaf=_is_masked)
+  except quantized_state.OldInt8LayoutError:
+    raise
   except ValueError as e:
-    if "convert_state" in str(e) or "foam_jax 0.2" in str(e):
+    if "convert_state" in str(e):
       raise
     raise ValueError(
         f"convert_state: the moments at {where} do not match the params' "

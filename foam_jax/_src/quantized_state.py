@@ -21,7 +21,8 @@ import jax
 from foam_jax._src import quantize
 from foam_jax._src.moment import is_absent
 
-__all__ = ["OLD_INT8_LAYOUT", "QuantizedMoments", "pack", "stored_moments", "unpack"]
+__all__ = ["OLD_INT8_LAYOUT", "OldInt8LayoutError", "QuantizedMoments", "pack",
+           "stored_moments", "unpack"]
 
 
 class QuantizedMoments(NamedTuple):
@@ -90,6 +91,10 @@ OLD_INT8_LAYOUT = (
 )
 
 
+class OldInt8LayoutError(ValueError):
+  """A state holds int8 moments in foam_jax 0.2's layout (:data:`OLD_INT8_LAYOUT`)."""
+
+
 def _is_moment_leaf(x: Any) -> bool:
   return hasattr(x, "shape") and hasattr(x, "dtype")
 
@@ -108,8 +113,8 @@ def stored_moments(stored: Any, updates: Any, *, signed: bool, field: str) -> An
     :class:`~foam_jax._src.quantize.QuantizedMoment` s).
 
   Raises:
-    ValueError: a parameter's place holds something other than an array, as
-      in the int8 layout of foam_jax 0.2.
+    OldInt8LayoutError: a parameter's place holds something other than an
+      array, as in the int8 layout of foam_jax 0.2.
   """
   moments = unpack(stored, signed=signed)
   packed = isinstance(stored, QuantizedMoments)
@@ -122,7 +127,7 @@ def stored_moments(stored: Any, updates: Any, *, signed: bool, field: str) -> An
     found = type(m).__name__
     if isinstance(m, dict):
       found += f" with keys {sorted(m)}"
-    raise ValueError(
+    raise OldInt8LayoutError(
         f"The optimizer state's {field} holds a {found} for the parameter at "
         f"{jax.tree_util.keystr(path)}, where an array belongs: {OLD_INT8_LAYOUT}")
 

@@ -160,14 +160,12 @@ def _fit_default_spec(spec: FoldSpec, level: Level, leaf: Any) -> FoldSpec:
   if local is None:
     return concrete_spec(spec, level, leaf)
   shape = tuple(leaf.shape)
-  best = concrete_spec(spec, level, leaf)
-  least = None
+  candidates = []  # (how far the level is lowered, spec); the requested axis first.
   for axis in dict.fromkeys((spec.axis % len(shape), len(shape) - 1)):
     wanted = level if isinstance(level, int) else folding.whole_axis_level(shape[axis])
     fitted = _largest_fitting_level(shape[axis], local[axis], wanted)
-    if least is None or wanted - fitted < least:
-      best, least = FoldSpec(axis=axis - len(shape), level=fitted), wanted - fitted
-  return best
+    candidates.append((wanted - fitted, FoldSpec(axis=axis - len(shape), level=fitted)))
+  return min(candidates, key=lambda c: c[0])[1]
 
 
 def int_level(spec: FoldSpec) -> int:

@@ -196,22 +196,28 @@ def scale_by_foam(
     del params
     specs = specs_lib.resolve_fold_specs(updates, fold_spec, fold_level)
     count = optax.safe_increment(state.count)
-    t = count.astype(jnp.float32)
-    # The authors' form: u = sqrt(1 - b2^t) (a M + b g) / (sqrt(V + eps_root
-    # (1 - b2^t)) + eps) with a = 1 / (1 - b1^t), b = 0; Nesterov: a = b1 /
-    # (1 - b1^(t+1)), b = (1 - b1) / (1 - b1^t) (optax.scale_by_adam's form).
-    root_step = jnp.sqrt(1.0 - b2**t)
-    if nesterov:
-      a = b1 / (1.0 - b1 ** (t + 1.0))
-      b = (1.0 - b1) / (1.0 - b1**t)
-    else:
-      a, b = 1.0 / (1.0 - b1**t), None
-    no_eps_root = isinstance(eps_root, (int, float)) and eps_root == 0
 
-    def step_size_direction(m, v, g, scale):
+    def step_size_scalars():
+      """``(sqrt(1 - b2^t), a, b, eps_root (1 - b2^t))`` of the authors' form.
+
+      ``u = sqrt(1 - b2^t) (a M + b g) / (sqrt(V + eps_root (1 - b2^t)) + eps)``
+      with ``a = 1 / (1 - b1^t)``, ``b = 0``; Nesterov: ``a = b1 / (1 -
+      b1^(t+1))``, ``b = (1 - b1) / (1 - b1^t)`` (``optax.scale_by_adam``'s).
+      """
+      t = count.astype(jnp.float32)
+      if nesterov:
+        a, b = b1 / (1.0 - b1 ** (t + 1.0)), (1.0 - b1) / (1.0 - b1**t)
+      else:
+        a, b = 1.0 / (1.0 - b1**t), None
+      no_eps_root = isinstance(eps_root, (int, float)) and eps_root == 0
+      return (jnp.sqrt(1.0 - b2**t), a, b,
+              None if no_eps_root else eps_root * (1.0 - b2**t))
+
+    def step_size_direction(m, v, g, scale, scalars):
       """``u`` with the bias correction on the step size (authors' form)."""
-      if not no_eps_root:
-        v = v + eps_root * (1.0 - b2**t)
+      root_step, a, b, v_floor = scalars
+      if v_floor is not None:
+        v = v + v_floor
       den = jnp.sqrt(v) + eps
       if b is None:
         return (scale * root_step * a) * m / den
@@ -241,11 +247,11 @@ def scale_by_foam(
       return (fg, fg.read(mu_read), fg.read_energy(nu_read), scale,
               mu_new, nu_new)
 
-    def step_size_leaf(spec, g, mu, nu):
+    def step_size_leaf(spec, g, mu, nu, scalars):
       if moment.is_absent(g):
         return g, mu, nu
       fg, m, v, scale, mu_new, nu_new = read(spec, g, mu, nu)
-      u = fg.unblock(step_size_direction(m, v, fg.blocks, scale))
+      u = fg.unblock(step_size_direction(m, v, fg.blocks, scale, scalars))
       return u.astype(g.dtype), mu_new, nu_new
 
     def moments_leaf(spec, g, mu, nu):
@@ -257,8 +263,9 @@ def scale_by_foam(
     mu = quantized_state.stored_moments(state.mu, updates, signed=True, field="mu")
     nu = quantized_state.stored_moments(state.nu, updates, signed=False, field="nu")
     if not optax_form:
+      scalars = step_size_scalars()  # Once per step, shared by every leaf.
       updates, mu, nu = moment.map_leaves(
-          step_size_leaf, specs, updates, mu, nu, outputs=3)
+          lambda *leaf: step_size_leaf(*leaf, scalars), specs, updates, mu, nu, outputs=3)
       return updates, ScaleByFoamState(
           count=count, mu=quantized_state.pack(mu), nu=quantized_state.pack(nu))
     m, v, scale, mu, nu = moment.map_leaves(
