@@ -23,6 +23,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -115,8 +116,13 @@ def _compiled(spec, graphdef, st, val):
   return _COMPILED[key]
 
 
-def train_run(spec: dict[str, Any], dataset: data.TokenDataset) -> dict[str, Any]:
+def train_run(spec: dict[str, Any], dataset: data.TokenDataset,
+              batch_at: Callable[[int], dict[str, np.ndarray]] | None = None,
+              ) -> dict[str, Any]:
   """Trains one model as ``spec`` says; returns its curves and final loss.
+
+  Step ``i`` (from 0) trains on ``batch_at(i)``; by default on windows drawn
+  at random offsets by a generator seeded with the run's seed.
 
   ``spec`` keys: ``model``, ``dataset``, ``optimizer``, ``lr``, ``seed``,
   ``steps``, ``batch``, ``seq_len``, ``evals`` (number of validation points),
@@ -135,14 +141,16 @@ def train_run(spec: dict[str, Any], dataset: data.TokenDataset) -> dict[str, Any
   train_c, eval_c = _compiled(spec, graphdef, st, val)
   lr = jnp.float32(spec["lr"])
 
-  rng = np.random.default_rng(spec["seed"])
+  if batch_at is None:
+    rng = np.random.default_rng(spec["seed"])
+    batch_at = lambda _: dataset.sample_batch(b, rng)
   n = spec["steps"]
   eval_at = sorted({int(round(i * n / spec["evals"])) for i in range(1, spec["evals"] + 1)})
   curve, train_curve = [], []
   wall = 0.0
   for i in range(1, n + 1):
     start = time.perf_counter()
-    st, loss = train_c(st, dataset.sample_batch(b, rng), lr=lr)
+    st, loss = train_c(st, batch_at(i - 1), lr=lr)
     loss = float(loss)  # Blocks, so the step's time is complete.
     wall += time.perf_counter() - start
     if i % 10 == 0 or i == n:
