@@ -12,7 +12,7 @@ Public API:
   signature) with :func:`scale_by_folded_muon`, :func:`foam_lion`
   (``optax.lion``'s) with :func:`scale_by_folded_lion`;
 * moving a running job onto folded moments: :func:`convert_state`;
-* what to fold: :class:`FoldSpec`, :func:`default_fold_specs`;
+* what to fold: :class:`FoldSpec`, :class:`FoldPolicy`, :func:`default_fold_specs`;
 * the paper's learning-rate schedule: :func:`paper_schedule`;
 * memory planning: :func:`state_bytes`; 8-bit moments
   (``mu_dtype=nu_dtype=jnp.int8``) are stored as :class:`QuantizedMoments`
@@ -26,6 +26,7 @@ from foam_jax._src.alias import foam
 from foam_jax._src.alias import foam_mini
 from foam_jax._src.alias import paper_schedule
 from foam_jax._src.convert import convert_state
+from foam_jax._src.fold_policy import FoldPolicy
 from foam_jax._src.lion import foam_lion
 from foam_jax._src.lion import scale_by_folded_lion
 from foam_jax._src.memory import state_bytes
@@ -40,6 +41,7 @@ from foam_jax._src.transform import ScaleByFoamState
 __version__ = "0.3.0.dev0"
 
 __all__ = [
+    "FoldPolicy",
     "FoldSpec",
     "QuantizedMoments",
     "ScaleByFoamState",

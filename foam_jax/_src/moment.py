@@ -79,11 +79,21 @@ def real_dtype(dtype) -> jnp.dtype:
 
 def geometry(spec: specs_lib.FoldSpec | None, shape, state_shape
              ) -> Geometry | None:
-  """Recovers a folded leaf's ``(axis, level)`` from its state's shape.
+  """Recovers a leaf's ``(axis, level)`` from its state's shape: the state decides.
+
+  ``init`` may have seen more of the parameters than ``update`` sees of the
+  gradients (axis names in Flax boxes or NNX Variables that the training
+  step strips, shardings that tracers hide), so the state, not the spec,
+  says whether and where a leaf is folded:
+
+  * a state smaller than the gradient along one axis is a fold along it,
+    whatever ``spec`` says;
+  * a state of the gradient's shape is not folded, unless ``spec`` asks for
+    a fold that leaves the shape as it is (level 0, or a fold axis of length
+    1), as ``init`` would have made it.
 
   Args:
-    spec: the leaf's resolved spec; ``None`` means not folded. Its axis is
-      used only when the state has the parameter's shape.
+    spec: the leaf's resolved spec at ``update`` (``None``: not folded).
     shape: the parameter's (gradient's) shape.
     state_shape: the shape of the stored moment.
 
@@ -97,9 +107,11 @@ def geometry(spec: specs_lib.FoldSpec | None, shape, state_shape
   Examples:
     >>> geometry(specs_lib.FoldSpec(axis=-2, level=2), (8, 3), (2, 3))
     Geometry(axis=0, level=2)
+    >>> geometry(None, (8, 3), (2, 3))  # Folded by init, whatever update sees.
+    Geometry(axis=0, level=2)
+    >>> geometry(specs_lib.FoldSpec(axis=-2, level=2), (8, 3), (8, 3)) is None
+    True
   """
-  if spec is None:
-    return None
   ndim = len(shape)
   differing = [
       a for a in range(min(ndim, len(state_shape))) if shape[a] != state_shape[a]
@@ -109,7 +121,14 @@ def geometry(spec: specs_lib.FoldSpec | None, shape, state_shape
         f"Folded state of shape {tuple(state_shape)} does not fit a gradient "
         f"of shape {tuple(shape)}; was the state made for other params?"
     )
-  axis = differing[0] if differing else spec.axis % ndim
+  if not differing:
+    if spec is None:
+      return None
+    axis = spec.axis % ndim
+    if isinstance(spec.level, int) and folding.num_blocks(shape[axis], spec.level) != shape[axis]:
+      return None  # init kept Adam's moments where this spec would fold.
+  else:
+    axis = differing[0]
   n, nb = shape[axis], state_shape[axis]
   # num_blocks only falls as the level grows; levels past the axis length all
   # give one block, so the smallest match is the fold.

@@ -155,12 +155,15 @@ def _block_of(shape: tuple[int, ...], scales_shape: tuple[int, ...]) -> int:
       f"int8 moment: {nb} scales do not fit a last axis of length {n}.")
 
 
-def block_size(param: Any, requested: int = BLOCK_SIZE) -> int:
+def block_size(param: Any, requested: int = BLOCK_SIZE,
+               shape: tuple[int, ...] | None = None) -> int:
   """The block size for ``param``'s moment, fitted to its known sharding.
 
   The largest power of two ``<= requested`` that divides each shard's slice
-  of the last axis, so that no block straddles two shards. Unsharded (or
-  unknown) placement gives ``requested``.
+  of the moment's last axis, so that no block straddles two shards. The
+  moment (of ``shape``, by default the parameter's) is placed like the
+  parameter, so a moment folded along the last axis has proportionally
+  shorter slices. Unsharded (or unknown) placement gives ``requested``.
 
   Traced under automatic mesh axes, where the sharding is not visible
   (only the mesh is), ``requested`` is kept only if no split of the last
@@ -179,12 +182,12 @@ def block_size(param: Any, requested: int = BLOCK_SIZE) -> int:
     256
   """
   shard = placement.shard_shape(param)
-  shape = tuple(param.shape)
+  shape = tuple(param.shape) if shape is None else tuple(shape)
   if shard is None and shape:
     _check_hidden_sharding(param, shape, requested)
-  if shard is None or not shape or shard[-1] == shape[-1]:
+  if shard is None or not shape or shard[-1] == param.shape[-1]:
     return requested
-  local = shard[-1]
+  local = shape[-1] * shard[-1] // param.shape[-1]  # This moment's slice.
   block = requested
   while block > 1 and local % block:
     block //= 2
@@ -244,7 +247,7 @@ def zeros(shape: tuple[int, ...], param: Any, *, signed: bool
       places the codes and scales and fits the block size; ``None``: none.
     signed: the first moment's (signed) code, else the second moment's.
   """
-  block = block_size(param) if param is not None else BLOCK_SIZE
+  block = block_size(param, shape=shape) if param is not None else BLOCK_SIZE
   codes = placement.zeros_like_placed(shape, jnp.int8, param)
   scales = placement.zeros_like_placed(
       _scales_shape(tuple(shape), block), jnp.float32, param)

@@ -4,11 +4,13 @@ A :class:`FoldSpec` says how one parameter's moments are folded; ``None``
 says the parameter gets plain Adam moments. ``scale_by_foam(fold_spec=...)``
 takes:
 
-* ``None``: the default policy (:func:`default_fold_specs`), the paper's:
-  fold every leaf with ``ndim >= 2`` along axis ``-2`` (a Flax ``Dense``
-  kernel's input axis) at ``fold_level``, except leaves whose tree path
-  contains ``embed`` or ``lm_head`` (case-insensitive), which keep Adam's
-  moments like every leaf with ``ndim < 2``.
+* ``None``: the default policy (:func:`default_fold_specs`, described in
+  :class:`FoldPolicy`): fold every weight matrix along its input-feature
+  axis at ``fold_level``, reading axis names and module types where the
+  tree has them; embeddings, output heads, vectors and stacked per-layer
+  vectors keep Adam's moments.
+* a :class:`FoldPolicy`: the default policy with other layer-axis names or
+  path rules;
 * a pytree shaped like the params whose leaves are ``FoldSpec`` or ``None``
   (an entry at an absent parameter, ``None`` or ``optax.MaskedNode`` in the
   params, is ignored: the parameter has no moments);
@@ -19,9 +21,11 @@ two shards (else the update needs communication): with the axis split ``s``
 ways, ``(n / s) % k == 0`` must hold. The default policy reads the
 parameter's sharding when it is known (concrete ``jax.Array``s,
 ``jax.ShapeDtypeStruct`` s with a sharding, tracers under explicit mesh axes)
-and lowers the level to the largest that fits, or folds the last axis instead
-when that keeps a higher level. Explicit ``FoldSpec``s are never changed: one
-that straddles shards raises ``ValueError``.
+and moves the fold to another of the parameter's candidate axes or lowers the
+level, whichever keeps the highest level (the preferred axis on a tie); a
+parameter that no axis lets fold at level 1 or more keeps Adam's moments.
+Explicit ``FoldSpec``s are never changed: one that straddles shards raises
+``ValueError``.
 """
 
 from __future__ import annotations
@@ -34,9 +38,12 @@ import jax
 import optax
 
 from foam_jax._src import folding
+from foam_jax._src.fold_policy import fold_axes
+from foam_jax._src.fold_policy import FoldPolicy
 from foam_jax._src.placement import shard_shape
 
 __all__ = [
+    "FoldPolicy",
     "FoldSpec",
     "Level",
     "concrete_spec",
@@ -51,9 +58,6 @@ __all__ = [
 
 # A fold level: blocks of 2**level entries, or "whole_axis" (one block).
 Level = int | str
-
-# Name fragments (lower case) of leaves the default policy leaves unfolded.
-UNFOLDED_NAME_FRAGMENTS = ("embed", "lm_head")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +111,7 @@ class FoldSpec:
 
 
 FoldSpecTree = Any  # A pytree of `FoldSpec | None` shaped like the params.
-FoldSpecLike = None | FoldSpecTree | Callable[[Any], FoldSpecTree]
+FoldSpecLike = None | FoldPolicy | FoldSpecTree | Callable[[Any], FoldSpecTree]
 
 
 def is_spec_leaf(x: Any) -> bool:
@@ -149,23 +153,27 @@ def concrete_spec(spec: FoldSpec, fold_level: Level, leaf: Any) -> FoldSpec:
   return dataclasses.replace(spec, level=level)
 
 
-def _fit_default_spec(spec: FoldSpec, level: Level, leaf: Any) -> FoldSpec:
-  """``spec`` at ``level``, lowered or moved to axis -1 so blocks stay inside shards.
+def _fit_default_spec(axes: tuple[int, ...], level: Level, leaf: Any) -> FoldSpec | None:
+  """The default policy's spec for ``leaf``: blocks inside shards.
 
-  Of the requested axis and the last one, the axis whose level must be
-  lowered least wins (the requested one on a tie); ``level`` is an int or
-  ``"whole_axis"`` (resolved per axis).
+  ``axes`` are the candidate fold axes, preferred first. Without a known
+  sharding the first folds at ``level``. Otherwise the axis whose level must
+  be lowered least wins (the earlier on a tie); if every axis would have to
+  drop to level 0, the parameter keeps Adam's moments (``None``). ``level``
+  is an int or ``"whole_axis"`` (resolved per axis).
   """
   local = shard_shape(leaf)
-  if local is None:
-    return concrete_spec(spec, level, leaf)
   shape = tuple(leaf.shape)
-  candidates = []  # (how far the level is lowered, spec); the requested axis first.
-  for axis in dict.fromkeys((spec.axis % len(shape), len(shape) - 1)):
+  if local is None:
+    return concrete_spec(FoldSpec(axis=axes[0]), level, leaf)
+  candidates = []  # (how far the level is lowered, spec), preferred first.
+  for axis in axes:
+    axis %= len(shape)
     wanted = level if isinstance(level, int) else folding.whole_axis_level(shape[axis])
     fitted = _largest_fitting_level(shape[axis], local[axis], wanted)
-    candidates.append((wanted - fitted, FoldSpec(axis=axis - len(shape), level=fitted)))
-  return min(candidates, key=lambda c: c[0])[1]
+    candidates.append((wanted - fitted, fitted, FoldSpec(axis=axis - len(shape), level=fitted)))
+  lowered, fitted, spec = min(candidates, key=lambda c: c[0])
+  return None if fitted == 0 and lowered > 0 else spec
 
 
 def int_level(spec: FoldSpec) -> int:
@@ -205,18 +213,35 @@ def _check_explicit_spec(spec: FoldSpec, leaf: Any, path) -> None:
     )
 
 
-def default_fold_specs(params: Any, fold_level: Level = 2) -> FoldSpecTree:
-  """The paper's policy: which leaves to fold, as a spec tree.
+def _policy_axes(params: Any, fold_level: Level, policy: FoldPolicy | None) -> Any:
+  """The default policy's candidate axes per leaf (a tuple or ``None``), as a tree."""
+  axes = fold_axes(params, policy or FoldPolicy(), fold_level)
+  return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(params),
+                                      [_Axes(a) if a else None for a in axes])
 
-  Leaves with ``ndim >= 2`` get ``FoldSpec(axis=-2, level=fold_level)``,
-  except those whose tree path contains ``embed`` or ``lm_head``
-  (case-insensitive); those and every leaf with ``ndim < 2`` get ``None``
-  (plain Adam). The result has ``None`` where Adam is used, so it is a valid
-  ``fold_spec`` argument to start an override from.
+
+@dataclasses.dataclass(frozen=True)
+class _Axes:
+  """A leaf's candidate fold axes (a tuple is a pytree; this is a leaf)."""
+
+  axes: tuple[int, ...]
+
+
+def default_fold_specs(params: Any, fold_level: Level = 2,
+                       policy: FoldPolicy | None = None) -> FoldSpecTree:
+  """The default policy's spec tree for ``params`` (before any sharding fit).
+
+  Each weight matrix folds along its input-feature axis at ``fold_level``;
+  embeddings, output heads, vectors and stacked per-layer vectors get
+  ``None`` (Adam). How the axis is found in each stack (tree paths, module
+  types, axis names, shapes) is :class:`FoldPolicy`'s description. The
+  result is a valid ``fold_spec`` argument to start an override from.
 
   Args:
-    params: the parameter pytree (arrays or ``jax.ShapeDtypeStruct`` s).
+    params: the parameter pytree (arrays or ``jax.ShapeDtypeStruct`` s),
+      possibly holding Flax boxes, NNX Variables, Equinox or haliax modules.
     fold_level: the level of the folded leaves.
+    policy: the policy's options; ``None`` for :class:`FoldPolicy` ``()``.
 
   Returns:
     A pytree of ``FoldSpec | None`` shaped like ``params``.
@@ -230,16 +255,9 @@ def default_fold_specs(params: Any, fold_level: Level = 2) -> FoldSpecTree:
     >>> specs["embed_tokens"], specs["mlp"]["bias"], specs["mlp"]["kernel"]
     (None, None, FoldSpec(axis=-2, level=2))
   """
-
-  def choose(path, leaf):
-    if getattr(leaf, "ndim", 0) < 2:
-      return None
-    name = _path_str(path).lower()
-    if any(fragment in name for fragment in UNFOLDED_NAME_FRAGMENTS):
-      return None
-    return FoldSpec(axis=-2, level=fold_level)
-
-  return jax.tree_util.tree_map_with_path(choose, params)
+  axes = _policy_axes(params, fold_level, policy)
+  return jax.tree.map(lambda a: None if a is None else FoldSpec(axis=a.axes[0], level=fold_level),
+                      axes, is_leaf=lambda x: x is None or isinstance(x, _Axes))
 
 
 def requested_fold_specs(
@@ -247,11 +265,12 @@ def requested_fold_specs(
 ) -> FoldSpecTree:
   """The spec tree a ``fold_spec`` argument asks for, before any checks.
 
-  ``None`` gives :func:`default_fold_specs` (not yet fitted to shardings), a
-  callable is called on ``params``, and a tree is returned as it is.
+  ``None`` or a :class:`FoldPolicy` gives :func:`default_fold_specs` (not
+  yet fitted to shardings), a callable is called on ``params``, and a tree
+  is returned as it is.
   """
-  if fold_spec is None:
-    return default_fold_specs(params, fold_level)
+  if fold_spec is None or isinstance(fold_spec, FoldPolicy):
+    return default_fold_specs(params, fold_level, fold_spec)
   if callable(fold_spec) and not isinstance(fold_spec, FoldSpec):
     return fold_spec(params)
   return fold_spec
@@ -279,7 +298,9 @@ def resolve_fold_specs(
       range for its leaf; a spec sits on a scalar; a spec straddles shards.
     TypeError: a spec tree leaf is neither ``FoldSpec`` nor ``None``.
   """
-  is_default = fold_spec is None
+  is_default = fold_spec is None or isinstance(fold_spec, FoldPolicy)
+  if is_default:
+    return _fitted_default(params, fold_level, fold_spec)
   specs = requested_fold_specs(params, fold_spec, fold_level)
   params_is_leaf = jax.tree_util.treedef_is_leaf(jax.tree.structure(params))
   if isinstance(specs, FoldSpec) and not params_is_leaf:
@@ -311,8 +332,6 @@ def resolve_fold_specs(
           f"fold_spec axis {spec.axis} is out of range for the parameter at "
           f"{_path_str(path)} with shape {tuple(leaf.shape)}."
       )
-    if is_default:
-      return _fit_default_spec(spec, fold_level if spec.level is None else spec.level, leaf)
     spec = concrete_spec(spec, fold_level, leaf)
     _check_explicit_spec(spec, leaf, path)
     return spec
@@ -327,3 +346,16 @@ def resolve_fold_specs(
   return jax.tree_util.tree_map_with_path(
       check, specs, params, is_leaf=is_spec_leaf
   )
+
+
+def _fitted_default(params: Any, fold_level: Level, policy: FoldPolicy | None) -> FoldSpecTree:
+  """The default policy's specs for ``params``, fitted to their known shardings."""
+  axes = _policy_axes(params, fold_level, policy)
+
+  def fit(a, leaf):
+    if a is None or leaf is None or isinstance(leaf, optax.MaskedNode):
+      return None
+    return _fit_default_spec(a.axes, fold_level, leaf)
+
+  return jax.tree.map(fit, axes, params,
+                      is_leaf=lambda x: x is None or isinstance(x, _Axes))

@@ -1,0 +1,238 @@
+"""The default policy: which axis of each parameter FOAM folds, in any stack.
+
+FOAM folds each weight matrix along its input-feature axis (the paper's
+PyTorch code folds the last axis of an ``(out, in)`` weight), never an axis
+that stacks layers, and keeps Adam's moments for embeddings, output heads
+and every vector (stacked per-layer vectors included). The policy reads, for
+each parameter, the most specific description the tree gives of it:
+
+1. **Tree path.** A parameter whose path contains one of
+   ``FoldPolicy.unfolded_paths`` (case-insensitive; by default ``embed``,
+   ``lm_head``, ``logits_dense``, ``wte``, ``wpe``) keeps Adam's moments.
+   Path rules never look at axis names.
+2. **Module type.** Inside a standard layer the layer says what each field
+   is. Equinox (``eqx.filter`` keeps the module tree): ``nn.Linear``,
+   ``nn.GRUCell`` and ``nn.LSTMCell`` weights ``(out, in)`` fold axis ``-1``;
+   ``nn.Conv*`` and ``nn.ConvTranspose*`` weights ``(out, in, *kernel)`` fold
+   their ``in`` axis; biases, ``nn.Embedding`` and the norms keep Adam's
+   moments. haliax: ``nn.Linear`` folds one of its ``In`` axes (the last one
+   long enough, see below; ``out_first`` does not matter since axes are
+   found by name); its bias and ``nn.Embedding`` keep Adam's moments.
+3. **Axis names.** Flax Linen ``Partitioned``/``LogicallyPartitioned``
+   boxes, NNX ``Variable`` sharding metadata (``out_sharding``, where
+   ``nnx.vmap``/``nnx.scan`` record ``transform_metadata={nnx.PARTITION_NAME:
+   ...}``) and haliax ``NamedArray`` axes. Axes named in
+   ``FoldPolicy.layer_axis_names`` (``layers``, ``layer``, ``stage``) stack
+   layers: never folded, and a parameter with fewer than two other axes is
+   a stacked vector (Adam). A Flax kernel folds its first other axis (Flax
+   puts input features first: ``(in, out)``, ``DenseGeneral``'s ``(in...,
+   out...)``); a haliax array outside a ``Linear`` its last (haliax's
+   default layout is ``(Out..., In...)``).
+4. **Shape.** Without names or types, ``ndim >= 2`` folds axis ``-2`` (a
+   Flax kernel ``(in, out)`` and scan-stacked ``(layers, in, out)``) and
+   smaller parameters keep Adam's moments.
+
+Where several axes are inputs (haliax's ``o_proj`` with ``In=(heads,
+head_size)``), the innermost one folds: blocks of contiguous entries of the
+flattened input, as the paper's fold of the flattened ``in`` axis, and not
+the ``heads`` axis that tensor parallelism shards. An input axis shorter
+than a block (or not a multiple of it) gives way to the next one outwards
+that fits; if none fits, the first candidate folds whole.
+
+Sharding may then move a fold to another of the parameter's candidate
+axes or lower its level (see :mod:`foam_jax.specs`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from foam_jax._src import folding
+
+__all__ = ["FoldPolicy", "LAYER_AXIS_NAMES", "UNFOLDED_PATH_FRAGMENTS", "fold_axes"]
+
+LAYER_AXIS_NAMES = ("layers", "layer", "stage")
+UNFOLDED_PATH_FRAGMENTS = ("embed", "lm_head", "logits_dense", "wte", "wpe")
+
+
+@dataclasses.dataclass(frozen=True)
+class FoldPolicy:
+  """The default policy's options; pass it as ``fold_spec=`` to change them.
+
+  Attributes:
+    layer_axis_names: axis names that stack layers (matched exactly, case
+      sensitive, as the stack names them).
+    unfolded_paths: fragments of tree paths (lower case) whose parameters
+      keep Adam's moments: embeddings and output heads.
+
+  Examples:
+    >>> import jax.numpy as jnp, foam_jax
+    >>> policy = foam_jax.FoldPolicy(unfolded_paths=("embed", "head"))
+    >>> params = {"head": jnp.zeros((64, 10)), "w": jnp.zeros((64, 64))}
+    >>> state = foam_jax.foam(1e-3, fold_spec=policy).init(params)
+    >>> state[0].mu["head"].shape, state[0].mu["w"].shape
+    ((64, 10), (16, 64))
+  """
+
+  layer_axis_names: tuple[str, ...] = LAYER_AXIS_NAMES
+  unfolded_paths: tuple[str, ...] = UNFOLDED_PATH_FRAGMENTS
+
+  def __post_init__(self):
+    for field in ("layer_axis_names", "unfolded_paths"):
+      value = getattr(self, field)
+      if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"FoldPolicy.{field} must be a tuple of str, got {value!r}.")
+      object.__setattr__(self, field, tuple(value))
+
+
+def _is(node: Any, package: str, *names: str) -> bool:
+  """``node``'s class or a base is ``package``'s class named one of ``names``."""
+  return any(c.__name__ in names and c.__module__.split(".")[0] == package
+             for c in type(node).__mro__)
+
+
+def _is_box(node):  # Flax Linen Partitioned / LogicallyPartitioned.
+  return _is(node, "flax", "Partitioned")
+
+
+def _is_variable(node):  # Flax NNX Variable.
+  return _is(node, "flax", "Variable") and hasattr(node, "get_metadata")
+
+
+def _is_named_array(node):
+  return _is(node, "haliax", "NamedArray")
+
+
+_EQX_OUT_IN = ("Linear", "GRUCell", "LSTMCell")
+_EQX_CONV = ("Conv", "ConvTranspose")
+_EQX_ADAM = ("Embedding", "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm", "PReLU")
+
+
+def _is_context(node: Any) -> bool:
+  """Nodes whose type or metadata describes the arrays inside them."""
+  return (_is_box(node) or _is_variable(node) or _is_named_array(node)
+          or _is(node, "haliax", "Linear", "Embedding")
+          or _is(node, "equinox", *_EQX_OUT_IN, *_EQX_CONV, *_EQX_ADAM))
+
+
+def _axis_names(node: Any) -> tuple[Any, ...] | None:
+  if _is_box(node):
+    return tuple(node.names)
+  if _is_variable(node):
+    meta = node.get_metadata()
+    names = meta.get("out_sharding") or meta.get("sharding_names")
+    return tuple(names) if names else None
+  if _is_named_array(node):
+    names = getattr(node, "axis_names", None)
+    return tuple(names) if names is not None else tuple(a.name for a in node.axes)
+  return None
+
+
+def _is_layer_name(name: Any, layer_names: tuple[str, ...]) -> bool:
+  entries = name if isinstance(name, (tuple, list)) else (name,)
+  return any(isinstance(e, str) and e in layer_names for e in entries)
+
+
+def _fits(size: int, level: Any) -> bool:
+  if level == folding.WHOLE_AXIS:
+    return size >= 2
+  block = 2 ** level
+  return size >= block and size % block == 0
+
+
+def _order(candidates: list[int], shape: tuple[int, ...], level: Any) -> tuple[int, ...]:
+  """``candidates`` (most preferred first), the first that fits the level moved to the front."""
+  fitting = [a for a in candidates if _fits(shape[a], level)]
+  first = fitting[0] if fitting else candidates[0]
+  return (first,) + tuple(a for a in candidates if a != first)
+
+
+def _negative(axes: tuple[int, ...], ndim: int) -> tuple[int, ...]:
+  return tuple(a - ndim for a in axes)
+
+
+def _leaf_axes(shape, names, layer_names, inputs_first, level):
+  """Candidate fold axes of an array from its shape and (optional) axis names."""
+  ndim = len(shape)
+  if ndim < 2:
+    return None
+  if names is None or len(names) != ndim:
+    return _negative((ndim - 2, ndim - 1), ndim)
+  other = [a for a in range(ndim) if not _is_layer_name(names[a], layer_names)]
+  if len(other) < 2:
+    return None  # A (stacked) vector.
+  inputs = other[:-1] if inputs_first else other[1:][::-1]
+  outputs = [other[-1]] if inputs_first else [other[0]]
+  return _negative(_order(inputs, shape, level) + tuple(outputs), ndim)
+
+
+def _module_axes(module, field_path: str, shape, names, policy, level):
+  """Candidate fold axes of an array in a standard layer (``None``: Adam)."""
+  ndim = len(shape)
+  field = field_path.lstrip(".").split(".")[0].split("[")[0]
+  if _is(module, "equinox", *_EQX_ADAM) or _is(module, "haliax", "Embedding"):
+    return None
+  if not field.startswith("weight"):
+    return None  # Biases.
+  if ndim < 2:
+    return None
+  if _is(module, "equinox", *_EQX_OUT_IN):
+    return (-1, -2)
+  if _is(module, "equinox", *_EQX_CONV):
+    in_axis = -(module.num_spatial_dims + 1)
+    return (in_axis, in_axis - 1)
+  # haliax Linear: its In axes by name, innermost first.
+  inputs = module.In if isinstance(module.In, (tuple, list)) else (module.In,)
+  in_names = [getattr(a, "name", a) for a in inputs]
+  if names is None:
+    return _negative((ndim - 1, ndim - 2), ndim)
+  candidates = [names.index(n) for n in reversed(in_names) if n in names]
+  outputs = [a for a in range(ndim) if a not in candidates
+             and not _is_layer_name(names[a], policy.layer_axis_names)]
+  if not candidates:
+    return None
+  return _negative(_order(candidates, shape, level) + tuple(outputs[-1:]), ndim)
+
+
+def _path_text(path) -> str:
+  return jax.tree_util.keystr(tuple(path)).lower()
+
+
+def fold_axes(params: Any, policy: FoldPolicy, level: Any) -> list[tuple[int, ...] | None]:
+  """Per leaf of ``params``: its candidate fold axes (preferred first) or ``None``.
+
+  ``level`` (an int or ``"whole_axis"``) decides which input axes are long
+  enough. Axes are negative. The list follows ``jax.tree.leaves(params)``.
+  """
+  decisions = []
+  for path, node in jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_context)[0]:
+    if not _is_context(node):
+      decisions.append(_decide(policy, level, path, node))
+      continue
+    is_module = not (_is_box(node) or _is_variable(node) or _is_named_array(node))
+    stop_at_named = lambda x, root=node: x is not root and _is_named_array(x)
+    for sub, leaf in jax.tree_util.tree_flatten_with_path(node, is_leaf=stop_at_named)[0]:
+      if _is_named_array(leaf) and not jax.tree.leaves(leaf):
+        continue  # An absent parameter (None, optax.MaskedNode) in a NamedArray.
+      names = _axis_names(leaf) if _is_named_array(leaf) else _axis_names(node)
+      if _is_named_array(leaf):
+        leaf = leaf.array
+      decisions.append(_decide(
+          policy, level, tuple(path) + tuple(sub), leaf, names,
+          module=node if is_module else None,
+          field_path=jax.tree_util.keystr(tuple(sub)),
+          inputs_first=not _is_named_array(node)))
+  return decisions
+
+
+def _decide(policy, level, path, leaf, names=None, module=None, field_path="",
+            inputs_first=True):
+  shape = tuple(getattr(leaf, "shape", ()))
+  if any(f in _path_text(path) for f in policy.unfolded_paths):
+    return None
+  if module is not None:
+    return _module_axes(module, field_path, shape, names, policy, level)
+  return _leaf_axes(shape, names, policy.layer_axis_names, inputs_first, level)
