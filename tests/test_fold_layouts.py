@@ -225,3 +225,36 @@ def test_haliax_tensor_parallel_state_divides(int8):
   traced = jax.eval_shape(tx.init, params)
   assert jax.tree.map(lambda x: x.shape, traced) == jax.tree.map(lambda x: x.shape, state)
   optax.tree_utils.tree_get(state, "count")  # A well-formed Optax state.
+
+
+@pytest.mark.parametrize("make_tx", [
+    lambda: foam_jax.foam_muon(1e-2), lambda: foam_jax.foam_muon(1e-2, mu_dtype=jnp.int8),
+    lambda: foam_jax.foam_lion(1e-3)], ids=["foam_muon", "foam_muon_int8", "foam_lion"])
+def test_folded_muon_and_lion_train_in_every_layout(make_tx):
+  """Muon's partition labels are the same at init and update in every stack."""
+  model, _ = layouts.nnx_scanned()
+  before = jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
+  _nnx_train(model, make_tx())
+  after = nnx.state(model, nnx.Param)
+  for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True):
+    assert np.all(np.isfinite(y)) and not np.array_equal(x, y)
+  model, boxed, _ = layouts.linen_scanned(1)
+  state = _maxtext_train(model, boxed, make_tx())
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(state.params))
+  for build, loss in ((layouts.haliax_model, _haliax_loss),
+                      (layouts.equinox_transformer, _equinox_loss)):
+    trained = _eqx_train(build()[0], loss, make_tx())
+    assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(eqx.filter(trained, eqx.is_array)))
+
+
+def test_muon_matrices_follow_module_types():
+  dims = foam_jax._src.muon.matrix_dimension_numbers  # noqa: SLF001
+  params = eqx.filter(layouts.haliax_model()[0], eqx.is_inexact_array)
+  got = dims(params).layers.stacked
+  # o_proj (layers, embed, heads, head_size): reduce over In = (heads, head_size).
+  assert got.o_proj.weight.array == (((-2, -1), -3))
+  assert got.q_proj.weight.array == ((-1, (-3, -2)))
+  assert got.attn_norm.weight.array is None
+  eqx_dims = dims(eqx.filter(layouts.equinox_transformer()[0], eqx.is_inexact_array))
+  assert eqx_dims.blocks.up.weight == (-1, -2) and eqx_dims.blocks.norm.weight is None
+  assert eqx_dims.unembed.weight is None

@@ -7,7 +7,7 @@ import pytest
 import foam_jax
 
 PUBLIC = {
-    "FoldSpec", "ScaleByFoamState", "default_fold_specs", "foam", "foam_mini",
+    "FoldPolicy", "FoldSpec", "ScaleByFoamState", "default_fold_specs", "foam", "foam_mini",
     "paper_schedule", "scale_by_foam", "sharding", "state_bytes",
     "foam_muon", "foam_lion", "scale_by_folded_muon", "scale_by_folded_lion",
     "convert_state", "QuantizedMoments",

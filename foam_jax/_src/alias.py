@@ -46,9 +46,9 @@ def foam(
 
   with :math:`u_t` the FOAM direction of :func:`scale_by_foam` (Adam whose
   moments are block means of ``2**fold_level`` entries along one axis, plus
-  the current gradient's residual). Matrices (``ndim >= 2``, except
-  embeddings and ``lm_head``) keep ``1/2**fold_level`` of Adam's state;
-  everything else keeps Adam's.
+  the current gradient's residual). Weight matrices, folded along their
+  input-feature axis (:class:`foam_jax.FoldPolicy`), keep ``1/2**fold_level``
+  of Adam's state; embeddings, output heads and vectors keep Adam's.
 
   The positional parameters are ``optax.adamw``'s, in its order and with its
   defaults (``weight_decay=1e-4`` included), as is its keyword-only
@@ -164,8 +164,8 @@ foam_mini = _fixed_level_variant(folding.WHOLE_AXIS, "foam_mini", r"""
 
   The paper's smallest point: ``foam(..., fold_level="whole_axis")``, each
   fold axis one block, so a Dense kernel ``(in, out)`` keeps ``2 * out``
-  state values instead of Adam's ``2 * in * out``; embeddings, ``lm_head``
-  and 1-D leaves keep Adam's. Takes every argument of :func:`foam` except
+  state values instead of Adam's ``2 * in * out``; embeddings, output heads
+  and vectors keep Adam's. Takes every argument of :func:`foam` except
   ``fold_level``. In a ``fold_spec``, ``FoldSpec(level=None)`` means a
   whole-axis block and an explicit level wins.
 

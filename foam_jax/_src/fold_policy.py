@@ -47,12 +47,14 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
+from typing import NamedTuple
 
 import jax
 
 from foam_jax._src import folding
 
-__all__ = ["FoldPolicy", "LAYER_AXIS_NAMES", "UNFOLDED_PATH_FRAGMENTS", "fold_axes"]
+__all__ = ["FoldPolicy", "LAYER_AXIS_NAMES", "MatrixAxes", "UNFOLDED_PATH_FRAGMENTS",
+           "fold_axes"]
 
 LAYER_AXIS_NAMES = ("layers", "layer", "stage")
 UNFOLDED_PATH_FRAGMENTS = ("embed", "lm_head", "logits_dense", "wte", "wpe")
@@ -154,19 +156,39 @@ def _negative(axes: tuple[int, ...], ndim: int) -> tuple[int, ...]:
   return tuple(a - ndim for a in axes)
 
 
+class MatrixAxes(NamedTuple):
+  """A weight's axes as the policy reads them (negative ints).
+
+  ``candidates``: fold axes, preferred first; ``inputs``/``outputs``: its
+  input- and output-feature axes in array order (other axes are batch axes,
+  such as stacked layers).
+  """
+
+  candidates: tuple[int, ...]
+  inputs: tuple[int, ...]
+  outputs: tuple[int, ...]
+
+
+def _matrix(ndim, candidates, inputs, outputs) -> MatrixAxes:
+  return MatrixAxes(_negative(tuple(candidates), ndim), _negative(tuple(sorted(inputs)), ndim),
+                    _negative(tuple(sorted(outputs)), ndim))
+
+
 def _leaf_axes(shape, names, layer_names, inputs_first, level):
-  """Candidate fold axes of an array from its shape and (optional) axis names."""
+  """A weight's axes from its shape and (optional) axis names; ``None``: not a matrix."""
   ndim = len(shape)
   if ndim < 2:
     return None
   if names is None or len(names) != ndim:
-    return _negative((ndim - 2, ndim - 1), ndim)
+    return _matrix(ndim, (ndim - 2, ndim - 1), (ndim - 2,), (ndim - 1,))
   other = [a for a in range(ndim) if not _is_layer_name(names[a], layer_names)]
   if len(other) < 2:
     return None  # A (stacked) vector.
-  inputs = other[:-1] if inputs_first else other[1:][::-1]
-  outputs = [other[-1]] if inputs_first else [other[0]]
-  return _negative(_order(inputs, shape, level) + tuple(outputs), ndim)
+  if inputs_first:  # Flax: the first axis is an input, the last an output.
+    inputs, outputs = other[:-1], [other[-1]]
+    return _matrix(ndim, _order(inputs, shape, level) + tuple(outputs), other[:1], other[1:])
+  inputs, outputs = other[1:][::-1], [other[0]]  # haliax: (Out..., In).
+  return _matrix(ndim, _order(inputs, shape, level) + tuple(outputs), other[-1:], other[:-1])
 
 
 def _module_axes(module, field_path: str, shape, names, policy, level):
@@ -180,32 +202,37 @@ def _module_axes(module, field_path: str, shape, names, policy, level):
   if ndim < 2:
     return None
   if _is(module, "equinox", *_EQX_OUT_IN):
-    return (-1, -2)
+    return _matrix(ndim, (ndim - 1, ndim - 2), (ndim - 1,), (ndim - 2,))
   if _is(module, "equinox", *_EQX_CONV):
-    in_axis = -(module.num_spatial_dims + 1)
-    return (in_axis, in_axis - 1)
+    in_axis = ndim - module.num_spatial_dims - 1
+    return _matrix(ndim, (in_axis, in_axis - 1), (in_axis,), (in_axis - 1,))
   # haliax Linear: its In axes by name, innermost first.
   inputs = module.In if isinstance(module.In, (tuple, list)) else (module.In,)
   in_names = [getattr(a, "name", a) for a in inputs]
   if names is None:
-    return _negative((ndim - 1, ndim - 2), ndim)
+    return _matrix(ndim, (ndim - 1, ndim - 2), (ndim - 1,), (ndim - 2,))
   candidates = [names.index(n) for n in reversed(in_names) if n in names]
   outputs = [a for a in range(ndim) if a not in candidates
              and not _is_layer_name(names[a], policy.layer_axis_names)]
-  if not candidates:
+  if not candidates or not outputs:
     return None
-  return _negative(_order(candidates, shape, level) + tuple(outputs[-1:]), ndim)
+  return _matrix(ndim, _order(candidates, shape, level) + tuple(outputs[-1:]),
+                 candidates, outputs)
 
 
 def _path_text(path) -> str:
   return jax.tree_util.keystr(tuple(path)).lower()
 
 
-def fold_axes(params: Any, policy: FoldPolicy, level: Any) -> list[tuple[int, ...] | None]:
-  """Per leaf of ``params``: its candidate fold axes (preferred first) or ``None``.
+def fold_axes(params: Any, policy: FoldPolicy, level: Any, *, flax_names: bool = True,
+              ) -> list[MatrixAxes | None]:
+  """Per leaf of ``params``: its :class:`MatrixAxes`, or ``None`` for Adam's moments.
 
   ``level`` (an int or ``"whole_axis"``) decides which input axes are long
-  enough. Axes are negative. The list follows ``jax.tree.leaves(params)``.
+  enough. The list follows ``jax.tree.leaves(params)``. ``flax_names=False``
+  ignores the names in Flax boxes and NNX Variables (which stacks strip
+  before ``update``), for choices that must be the same at ``init`` and
+  ``update``.
   """
   decisions = []
   for path, node in jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_context)[0]:
@@ -218,6 +245,8 @@ def fold_axes(params: Any, policy: FoldPolicy, level: Any) -> list[tuple[int, ..
       if _is_named_array(leaf) and not jax.tree.leaves(leaf):
         continue  # An absent parameter (None, optax.MaskedNode) in a NamedArray.
       names = _axis_names(leaf) if _is_named_array(leaf) else _axis_names(node)
+      if not flax_names and (_is_box(node) or _is_variable(node)):
+        names = None
       if _is_named_array(leaf):
         leaf = leaf.array
       decisions.append(_decide(

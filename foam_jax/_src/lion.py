@@ -170,8 +170,9 @@ def foam_lion(
   \lambda W)` with :math:`M_t` the folded momentum read back with the
   gradient's residual (:func:`scale_by_folded_lion`). The positional
   parameters are ``optax.lion``'s, in its order and with its defaults;
-  FOAM's options follow, keyword-only. Matrices (``ndim >= 2``, except
-  embeddings and ``lm_head``) keep ``1/2**fold_level`` of Lion's momentum.
+  FOAM's options follow, keyword-only. Weight matrices (FOAM's default
+  policy, :class:`foam_jax.FoldPolicy`) keep ``1/2**fold_level`` of Lion's
+  momentum.
 
   Sharding: the update is elementwise plus block-local, so under any FSDP/TP
   layout whose blocks lie inside shards (the default policy fits them) it

@@ -19,6 +19,7 @@ import optax
 from optax.contrib import _muon as optax_muon  # Newton-Schulz, scale_by_shape.
 from optax.contrib import MuonDimensionNumbers
 
+from foam_jax._src import fold_policy
 from foam_jax._src import moment
 from foam_jax._src import placement
 from foam_jax._src import quantized_state
@@ -59,11 +60,15 @@ class FoldedMuonState(NamedTuple):
 def matrix_dimension_numbers(params: Any) -> Any:
   """FOAM's matrix rule as Muon dimension numbers.
 
-  The leaves FOAM's default policy folds (``ndim >= 2``, path without
-  ``embed`` or ``lm_head``) are Muon's hidden matrices, with reduction axis
-  ``-2`` (FOAM's fold axis, a Flax kernel's input axis) and output axis
-  ``-1``; leading axes are batch axes (scan-stacked layers). Every other
-  leaf is ``None``: AdamW.
+  The weight matrices of FOAM's default policy (:class:`foam_jax.FoldPolicy`)
+  are Muon's hidden matrices: reduction axes their input features, output
+  axes their output features, other axes (stacked layers) batch axes.
+  Embeddings, output heads and vectors are ``None``: AdamW. Since
+  ``optax.partition`` labels the gradients at ``update`` anew, the rule
+  reads only what ``update`` sees in every stack: tree paths, module types
+  (Equinox, haliax) and haliax axis names, not the axis names of Flax boxes
+  or NNX Variables. Without those, a weight with ``ndim >= 2`` reduces
+  over axis ``-2`` into axis ``-1``, as a Flax kernel ``(in, out)``.
 
   Args:
     params: the parameter pytree (arrays or ``jax.ShapeDtypeStruct`` s).
@@ -78,10 +83,11 @@ def matrix_dimension_numbers(params: Any) -> Any:
     >>> dims["embed"], dims["w"]
     (None, MuonDimensionNumbers(reduction_axis=-2, output_axis=-1))
   """
-  specs = specs_lib.default_fold_specs(params)
-  return jax.tree.map(
-      lambda s: None if s is None else MuonDimensionNumbers(-2, -1),
-      specs, is_leaf=specs_lib.is_spec_leaf)
+  single = lambda axes: axes[0] if len(axes) == 1 else axes
+  dims = [None if a is None else MuonDimensionNumbers(single(a.inputs), single(a.outputs))
+          for a in fold_policy.fold_axes(params, fold_policy.FoldPolicy(), 2,
+                                         flax_names=False)]
+  return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(params), dims)
 
 
 def scale_by_folded_muon(

@@ -65,11 +65,13 @@ def foam_muon(
   * every other leaf: AdamW in Optax's form whose moments are folded like
     FOAM's wherever FOAM's default policy would fold them, otherwise plain.
 
-  Default policy: FOAM's. The hidden matrices are the leaves FOAM folds
-  (``ndim >= 2`` except paths containing ``embed``/``lm_head``), with
-  ``MuonDimensionNumbers(reduction_axis=-2, output_axis=-1)``
-  (``foam_jax._src.muon.matrix_dimension_numbers``); momenta and moments are folded along
-  axis ``-2`` at ``fold_level``. Muon's state at level 2 is a quarter of
+  Default policy: FOAM's. The hidden matrices are FOAM's weight matrices,
+  reducing over their input features into their output features
+  (``foam_jax._src.muon.matrix_dimension_numbers``: a Flax kernel ``(in,
+  out)`` as ``MuonDimensionNumbers(-2, -1)``, an Equinox weight ``(out,
+  in)`` as ``(-1, -2)``, a haliax ``Linear`` over its ``In`` axes); momenta
+  and moments fold as FOAM's (:class:`foam_jax.FoldPolicy`) at
+  ``fold_level``. Muon's state at level 2 is a quarter of
   Optax's. The positional and keyword parameters are ``optax.contrib.muon``'s,
   with its defaults; FOAM's options follow.
 

@@ -217,7 +217,7 @@ def _policy_axes(params: Any, fold_level: Level, policy: FoldPolicy | None) -> A
   """The default policy's candidate axes per leaf (a tuple or ``None``), as a tree."""
   axes = fold_axes(params, policy or FoldPolicy(), fold_level)
   return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(params),
-                                      [_Axes(a) if a else None for a in axes])
+                                      [_Axes(a.candidates) if a else None for a in axes])
 
 
 @dataclasses.dataclass(frozen=True)

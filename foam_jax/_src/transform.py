@@ -134,10 +134,12 @@ def scale_by_foam(
     alpha: scale of the update of folded leaves only (the paper's "scale";
       its recipe uses ``0.25`` with learning rate ``1e-2``).
     residual_scale: ``c`` above; ``0`` drops the residual.
-    fold_spec: ``None`` for the default policy (fold ``ndim >= 2`` leaves
-      along axis ``-2`` except paths containing ``embed``/``lm_head``), a
-      pytree of :class:`FoldSpec` ``| None`` shaped like the params, or a
-      callable ``params -> such a pytree``.
+    fold_spec: ``None`` for the default policy (each weight matrix folds
+      along its input-feature axis, read from axis names, module types or
+      shapes; embeddings, heads and vectors keep Adam's moments; see
+      :class:`foam_jax.FoldPolicy`), a :class:`foam_jax.FoldPolicy` with
+      other options, a pytree of :class:`FoldSpec` ``| None`` shaped like
+      the params, or a callable ``params -> such a pytree``.
     second_moment: ``"mean_of_squares"`` or ``"square_of_mean"``.
     nu_dtype: dtype to store the second moments in (default: the real dtype
       of the param's precision); a real floating dtype of 16 bits or more,
