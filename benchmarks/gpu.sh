@@ -25,7 +25,9 @@
 #   3. memory: 60M compiled peaks and the 80 GiB fit at 7B width, with
 #      the GPU compiler (the analytic part is device-independent)       90
 #   4. real peak bytes in use of 60M train steps (3 processes x 30)     90
-#   5. LLaMA-60M (bytes) on Tiny Shakespeare, FOAM vs AdamW, 2 lrs      90
+#   5. LLaMA-60M (bytes) on this machine's CPython stdlib corpus, AdamW
+#      vs FOAM at their best lrs of the CPU horizon study's longest tiny
+#      horizon, as many steps as fit 40 s of training (horizon_gpu.py)  90
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/foam_gpu_out}"
@@ -76,7 +78,7 @@ if (( TINY )); then
   MEM_ARGS=(--quick)
   PEAK_CONFIGS=("tiny:adamw" "tiny:foam")
   PEAK_ARGS=(--quick)
-  CONV_ARGS=(--quick)
+  CONV_ARGS=(--quick --seconds 4)
 else
   LAYOUT_ARGS=(--sizes 50m,100m --dtypes float32,bfloat16 --optimizers "$LAYOUTS"
                --repeats 40 --inner 5 --warmup 3)
@@ -88,7 +90,7 @@ else
             --optimizers adamw adafactor lion foam foam_mini --widths 7b)
   PEAK_CONFIGS=("60m:adamw" "60m:foam" "60m:foam_mini")
   PEAK_ARGS=(--batch 8 --seq-len 256)
-  CONV_ARGS=(--plan gpu)
+  CONV_ARGS=(--seconds 40)
 fi
 
 say "1. step time of every layout"
@@ -109,9 +111,9 @@ for pair in "${PEAK_CONFIGS[@]}"; do
 done
 pack
 
-say "5. convergence"
-run_piece 90 convergence "$PY" -m benchmarks.convergence "${CONV_ARGS[@]}" \
-  --out "$WORK/convergence"
+say "5. convergence: AdamW vs FOAM at 60m on this machine's stdlib corpus"
+run_piece 90 convergence "$PY" -m benchmarks.horizon_gpu "${CONV_ARGS[@]}" \
+  --out "$WORK/horizon_gpu"
 
 say "done"
 ls -R "$WORK" >> "$LOG"

@@ -135,3 +135,18 @@ def test_quick_study_retunes_per_horizon_resumes_and_reports(tmp_path):
   (tmp_path / "horizon.json").write_text(json.dumps(saved))
   with pytest.raises(ValueError, match="corpus"):
     horizon.main(["--quick", "--out", out])
+
+
+def test_gpu_piece_trains_both_at_the_study_lrs_in_its_budget(tmp_path):
+  study = horizon.main(["--quick", "--out", str(tmp_path / "study")])
+  from benchmarks import horizon_gpu
+  steps, lrs = horizon_gpu.study_lrs(study)
+  assert steps == horizon_plan.QUICK_PLAN["sizes"][0][1][-1]
+  out = horizon_gpu.main(["--quick", "--study", str(tmp_path / "study" / "horizon.json"),
+                          "--out", str(tmp_path / "gpu"), "--seconds", "1"])
+  assert out["lrs"] == lrs and out["steps"] >= 10
+  for opt, run in out["runs"].items():
+    assert run["lr"] == lrs[opt] and run["steps"] == out["steps"]
+    assert math.isfinite(run["final_val_loss"])
+  assert out["corpus"]["name"].startswith("cpython-")
+  assert "| foam |" in (tmp_path / "gpu" / "horizon_gpu.md").read_text()

@@ -42,3 +42,12 @@ def test_old_optimizer_names_render_as_the_registry_spells_them():
   report = step_time_report.render(json.loads(_read("step_time_run1.json")))
   assert "| foam |" in report and "| foam_l2_ax1 |" in report
   assert "foam-l2" not in report.split("- Command:")[1].split("\n", 1)[1]
+
+
+def test_horizon_and_layout_reports_render_from_their_json(tmp_path):
+  from benchmarks import horizon_report
+  from benchmarks import layout_state
+  horizon_report.write_report(json.loads(_read("horizon/horizon.json")), str(tmp_path))
+  assert (tmp_path / "horizon.md").read_text() == _read("horizon/horizon.md")
+  layout_state.write_report(json.loads(_read("layout_state.json")), str(tmp_path))
+  assert (tmp_path / "layout_state.md").read_text() == _read("layout_state.md")
