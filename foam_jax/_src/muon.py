@@ -2,9 +2,9 @@
 
 Newton-Schulz needs whole matrices, so the momentum is read back at full
 size (:math:`U \\tilde m + c R`) before it is orthogonalized; only the stored
-state is folded. The orthogonalization and the shape scaling are Optax's own
-(``optax.contrib``'s Muon module), so at ``fold_level=0`` this *is*
-``optax.contrib.muon``.
+state is folded. The orthogonalization and the shape scaling
+(:mod:`foam_jax._src.newton_schulz`) follow Optax's arithmetic, so at
+``fold_level=0`` this equals ``optax.contrib.muon`` bit for bit.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from optax.contrib import _muon as optax_muon  # Newton-Schulz, scale_by_shape.
 from optax.contrib import MuonDimensionNumbers
 
 from foam_jax._src import fold_policy
 from foam_jax._src import moment
+from foam_jax._src import newton_schulz
 from foam_jax._src import placement
 from foam_jax._src import quantized_state
 from foam_jax._src import specs as specs_lib
@@ -34,13 +34,9 @@ __all__ = [
     "scale_by_folded_muon",
 ]
 
-DEFAULT_NS_COEFFS = optax_muon._DEFAULT_NS_COEFFS  # pylint: disable=protected-access
-PRESETS = optax_muon._NS_COEFFS_PRESET_DICT  # pylint: disable=protected-access
-
-
-def is_dim_nums(x: Any) -> bool:
-  """Whether ``x`` is an ``optax.contrib.MuonDimensionNumbers``."""
-  return isinstance(x, MuonDimensionNumbers)
+DEFAULT_NS_COEFFS = newton_schulz.DEFAULT_NS_COEFFS
+PRESETS = newton_schulz.PRESETS
+is_dim_nums = newton_schulz.is_dim_nums
 
 
 class FoldedMuonState(NamedTuple):
@@ -173,9 +169,9 @@ def scale_by_folded_muon(
   _validation.check_number("eps", eps, low=0.0)
   fold_level = _validation.fold_level_or_default(fold_level)
   _validation.check_number("residual_scale", residual_scale, low=0.0)
-  if preconditioning not in optax_muon._PRECONDITIONINGS:  # pylint: disable=protected-access
+  if preconditioning not in newton_schulz.PRECONDITIONINGS:
     raise ValueError(
-        f"preconditioning must be one of {optax_muon._PRECONDITIONINGS}, got "  # pylint: disable=protected-access
+        f"preconditioning must be one of {newton_schulz.PRECONDITIONINGS}, got "
         f"{preconditioning!r}.")
   beta, residual_scale = map(_validation.real_part, (beta, residual_scale))
   mu_dtype = _validation.storage_dtype("mu_dtype", mu_dtype)
@@ -230,7 +226,7 @@ def scale_by_folded_muon(
     # tree as Optax does it (so that level 0 is Optax's to the last bit).
     m_hat = moment.first_moment_hat(m, g, beta, count, nesterov)
     new_updates = jax.tree.map(
-        lambda x, dim_num: optax_muon.orthogonalize_via_newton_schulz(
+        lambda x, dim_num: newton_schulz.orthogonalize(
             x, state.ns_coeffs, ns_steps, preconditioning, eps,
             dim_num if is_dim_nums(dim_num) else None),
         m_hat, dim_nums, is_leaf=is_dim_nums)

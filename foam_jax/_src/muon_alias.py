@@ -15,8 +15,8 @@ from typing import Literal
 
 import jax
 import optax
-from optax.contrib import _muon as optax_muon  # scale_by_shape.
 
+from foam_jax._src import newton_schulz
 from foam_jax._src import specs as specs_lib
 from foam_jax._src import transform
 from foam_jax._src import validation as _validation
@@ -189,7 +189,7 @@ def foam_muon(
                   residual_scale=residual_scale,
                   fold_spec=fold_spec,
               ),
-              optax_muon.scale_by_shape(
+              newton_schulz.scale_by_shape(
                   weight_dimension_numbers=muon_dim_nums,
                   consistent_rms=consistent_rms,
               ),
