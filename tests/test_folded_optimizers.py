@@ -198,8 +198,12 @@ def test_state_trees_mirror_optaxs():
       1e-3, muon_weight_dimension_numbers=_matrix_rule).init(params)
   muon = foam_jax.foam_muon(1e-3).init(params)
   strip = lambda t: jax.tree.structure(jax.tree.map(lambda _: 0, t))  # pylint: disable=g-long-lambda
-  assert str(strip(muon)).replace("FoldedMuonState", "MuonState").replace(
-      "ScaleByFoamState", "ScaleByAdamState") == str(strip(muon_ref))
+  ours = str(strip(muon)).replace("FoldedMuonState", "MuonState").replace(
+      "ScaleByFoamState", "ScaleByAdamState")
+  # Optax 0.2.6 scales by shape inside scale_by_muon, later versions in a
+  # stateless step of their own: stateless steps aside, the trees are equal.
+  empty = "CustomNode(namedtuple[EmptyState], []), "
+  assert ours.replace(empty, "") == str(strip(muon_ref)).replace(empty, "")
 
 
 # --- Folded state sizes. ---

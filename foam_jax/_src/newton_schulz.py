@@ -159,7 +159,9 @@ def _explicit_sharding(x: jax.Array):
   """``x``'s sharding when its mesh axes are explicit and it is sharded, else ``None``."""
   sharding = getattr(jax.typeof(x), "sharding", None)
   mesh = getattr(sharding, "mesh", None)
-  if mesh is None or not mesh.axis_names or sharding.spec == jax.sharding.PartitionSpec():
+  if sharding is None or mesh is None or not mesh.axis_names:
+    return None
+  if sharding.spec == jax.sharding.PartitionSpec():
     return None
   explicit = jax.sharding.AxisType.Explicit
   if not any(t == explicit for t in mesh.axis_types):

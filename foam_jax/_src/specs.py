@@ -300,7 +300,8 @@ def resolve_fold_specs(
   """
   is_default = fold_spec is None or isinstance(fold_spec, FoldPolicy)
   if is_default:
-    return _fitted_default(params, fold_level, fold_spec)
+    return _fitted_default(params, fold_level,
+                           fold_spec if isinstance(fold_spec, FoldPolicy) else None)
   specs = requested_fold_specs(params, fold_spec, fold_level)
   params_is_leaf = jax.tree_util.treedef_is_leaf(jax.tree.structure(params))
   if isinstance(specs, FoldSpec) and not params_is_leaf:
