@@ -112,6 +112,28 @@ def _open_store(path: str, meta: dict[str, Any]) -> Store:
   return Store(path, meta)
 
 
+def _merged(path: str, others: list[str]) -> dict[str, Any]:
+  """The store at ``path`` with the runs and provenance of ``others`` added (and saved)."""
+  stores = []
+  for p in ([path] if os.path.exists(path) else []) + list(others):
+    with open(p) as f:
+      stores.append(json.load(f))
+  if not stores:
+    raise ValueError(f"No results at {path}; run the study first.")
+  data = stores[0]
+  for other in stores[1:]:
+    if other["meta"]["corpus"]["sha256"] != data["meta"]["corpus"]["sha256"]:
+      raise ValueError("The stores to merge were made on different corpora.")
+    view = Store.__new__(Store)
+    view.data = data
+    view.merge(other)
+  if others:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+      json.dump(data, f)
+  return data
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", default=_RESULTS)
@@ -128,6 +150,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       "version (recorded under its own name)")
   parser.add_argument("--report-only", action="store_true",
                       help="render the report from the JSON, train nothing")
+  parser.add_argument("--merge", nargs="*", default=[], metavar="JSON",
+                      help="--report-only: first add the runs of these stores (the "
+                      "processes run side by side, one per model size)")
   parser.add_argument("--note", action="append", default=[],
                       help="a sentence the report shows about this run (load, "
                       "processes beside it); repeatable")
@@ -136,8 +161,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   path = os.path.join(args.out, "horizon.json")
   log = lambda s: print(s, flush=True)
   if args.report_only:
-    with open(path) as f:
-      results = json.load(f)
+    results = _merged(path, args.merge)
   else:
     corpus = stdlib_corpus.load(args.corpus, any_version=args.any_python or args.quick)
     os.makedirs(args.out, exist_ok=True)

@@ -150,3 +150,25 @@ def test_gpu_piece_trains_both_at_the_study_lrs_in_its_budget(tmp_path):
     assert math.isfinite(run["final_val_loss"])
   assert out["corpus"]["name"].startswith("cpython-")
   assert "| foam |" in (tmp_path / "gpu" / "horizon_gpu.md").read_text()
+
+
+def test_report_merges_the_stores_of_processes_run_side_by_side(tmp_path):
+  data = horizon.main(["--quick", "--out", str(tmp_path / "whole")])
+  keys = sorted(data["runs"])
+  halves = []
+  for i, part in enumerate((keys[::2], keys[1::2])):
+    half = {"meta": data["meta"], "runs": {k: data["runs"][k] for k in part}}
+    halves.append(tmp_path / f"half{i}.json")
+    halves[-1].write_text(json.dumps(half))
+  merged = horizon.main(["--report-only", "--out", str(tmp_path / "merged"),
+                         "--merge", *map(str, halves)])
+  assert sorted(merged["runs"]) == keys
+  assert (tmp_path / "merged" / "horizon.json").exists()
+  assert ((tmp_path / "merged" / "horizon.md").read_text().split("## Provenance")[0]
+          == (tmp_path / "whole" / "horizon.md").read_text().split("## Provenance")[0])
+  other = json.loads(halves[0].read_text())
+  other["meta"]["corpus"]["sha256"] = "1" * 64
+  halves[0].write_text(json.dumps(other))
+  with pytest.raises(ValueError, match="different corpora"):
+    horizon.main(["--report-only", "--out", str(tmp_path / "m2"), "--merge",
+                  *map(str, halves)])
