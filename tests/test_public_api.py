@@ -37,3 +37,20 @@ def test_unknown_names_raise_attribute_error():
 def test_pre_release_aliases_are_gone(name):
   with pytest.raises(AttributeError):
     getattr(foam_jax, name)
+
+
+def test_levanter_module_imports_without_levanter():
+  """foam_jax.levanter imports anywhere; its configs need Levanter, and say so."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+
+  import foam_jax.levanter  # pylint: disable=g-import-not-at-top
+  if importlib.util.find_spec("levanter") is not None:
+    assert foam_jax.levanter.is_available()
+    return
+  assert not foam_jax.levanter.is_available()
+  with pytest.raises(ImportError, match="marin-levanter"):
+    _ = foam_jax.levanter.FoamConfig
+  with pytest.raises(ImportError, match="marin-levanter"):
+    foam_jax.levanter.register()
+  with pytest.raises(AttributeError):
+    _ = foam_jax.levanter.NoSuchName

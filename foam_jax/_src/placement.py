@@ -97,18 +97,31 @@ def zeros_like_placed(shape, dtype, leaf: Any) -> jax.Array:
   the shape changes; a folded moment must keep it.
   """
   sharding = known_sharding(leaf)
-  if sharding is None:
+  if sharding is None or not _placeable(sharding):
     return jnp.zeros(shape, dtype)
   if isinstance(leaf, jax.core.Tracer) and isinstance(sharding, NamedSharding):
     return jnp.zeros(shape, dtype, out_sharding=sharding)
   return jnp.zeros(shape, dtype, device=sharding)
 
 
+def _placeable(sharding: Any) -> bool:
+  """Whether arrays can be created with ``sharding``.
+
+  A sharding on an abstract mesh with automatic axes (a layout described for
+  a traced ``init``, e.g. by an axis-name mapping) only informs the layout:
+  the caller's ``jit`` places the state.
+  """
+  mesh = getattr(sharding, "mesh", None)
+  if not isinstance(mesh, jax.sharding.AbstractMesh):
+    return True
+  return all(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
+
+
 def replicated_zeros(shape, dtype, params: Any) -> jax.Array:
   """Zeros of ``shape`` replicated over the params' placement (see below)."""
   for leaf in jax.tree.leaves(params):
     sharding = known_sharding(leaf)
-    if sharding is None:
+    if sharding is None or not _placeable(sharding):
       continue
     if isinstance(sharding, NamedSharding):
       sharding = NamedSharding(sharding.mesh, PartitionSpec())

@@ -166,15 +166,12 @@ def block_size(param: Any, requested: int = BLOCK_SIZE,
   shorter slices. Unsharded (or unknown) placement gives ``requested``.
 
   Traced under automatic mesh axes, where the sharding is not visible
-  (only the mesh is), ``requested`` is kept only if no split of the last
-  axis over the mesh's axes would make a block straddle two shards.
+  (only the mesh is), the block is the largest that divides the last axis's
+  slice for every way that axis could be split over the mesh's axes.
 
   Raises:
-    ValueError: the last axis is sharded into slices that no power of two
-      ``>= MIN_BLOCK_SIZE`` divides (the scales would cost more than the
-      codes save); or the sharding is hidden (automatic axes under tracing)
-      and ``requested`` could straddle: pin the layout with
-      ``foam_jax.sharding.pin_layout(tx, params)``.
+    ValueError: no power of two ``>= MIN_BLOCK_SIZE`` divides the slices
+      (the scales would cost more than the codes save).
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -183,47 +180,46 @@ def block_size(param: Any, requested: int = BLOCK_SIZE,
   """
   shard = placement.shard_shape(param)
   shape = tuple(param.shape) if shape is None else tuple(shape)
-  if shard is None and shape:
-    _check_hidden_sharding(param, shape, requested)
-  if shard is None or not shape or shard[-1] == param.shape[-1]:
+  if not shape:
     return requested
-  local = shape[-1] * shard[-1] // param.shape[-1]  # This moment's slice.
+  if shard is None:
+    slices = _possible_slices(param, shape[-1])
+    if not slices:
+      return requested
+    how = (f"traced under automatic mesh axes {placement.hidden_mesh_shape(param)}, where "
+           "its sharding is not visible; it could be split into slices of "
+           f"{sorted(slices)} entries. Pin the layout fitted to the sharded params "
+           "(tx = foam_jax.sharding.pin_layout(tx, params)), init eagerly on them, or use "
+           "explicit mesh axes")
+  elif shard[-1] == param.shape[-1]:
+    return requested
+  else:
+    slices = {shape[-1] * shard[-1] // param.shape[-1]}  # This moment's slice.
+    how = f"sharded into slices of {min(slices)} entries"
   block = requested
-  while block > 1 and local % block:
+  while block > 1 and any(n % block for n in slices):
     block //= 2
   if block < MIN_BLOCK_SIZE:
     raise ValueError(
-        f"int8 moment storage: the last axis (length {shape[-1]}) is sharded "
-        f"into slices of {local} entries, which no quantization block of "
-        f"{MIN_BLOCK_SIZE}..{requested} entries divides, so a block would "
-        "straddle two shards. Shard that axis into multiples of "
-        f"{MIN_BLOCK_SIZE}, or store this moment in bfloat16.")
+        f"int8 moment storage: the last axis (length {shape[-1]}) of a moment of shape "
+        f"{shape} is {how}; no quantization block of {MIN_BLOCK_SIZE}..{requested} "
+        "entries divides them, so a block would straddle two shards. Shard that axis "
+        f"into multiples of {MIN_BLOCK_SIZE}, or store this moment in bfloat16.")
   return block
 
 
-def _check_hidden_sharding(param: Any, shape: tuple[int, ...], block: int) -> None:
-  """Refuses a block that could straddle shards of an invisible sharding.
-
-  Traced under automatic mesh axes, ``param``'s sharding is not visible
-  (only its mesh is): the block is safe only if it divides the last axis's
-  slice for every way that axis could be split over the mesh's axes.
-  """
+def _possible_slices(param: Any, n: int) -> set[int]:
+  """Slice lengths of an axis of length ``n`` split over any of the hidden mesh's axes."""
   mesh = placement.hidden_mesh_shape(param)
   if not mesh:
-    return
-  n = shape[-1]
+    return set()
   sizes = list(mesh.values())
+  slices = set()
   for bits in range(1, 2**len(sizes)):
     parts = math.prod(s for i, s in enumerate(sizes) if bits >> i & 1)
-    if n % parts == 0 and (n // parts) % block:
-      raise ValueError(
-          f"int8 moment storage for a parameter of shape {shape}, traced under "
-          f"automatic mesh axes {mesh}: its sharding is not visible here, and a "
-          f"quantization block of {block} entries would straddle two shards if "
-          f"its last axis were split {parts} ways ({n // parts} entries each). "
-          "Pin the layout fitted to the sharded params: tx = "
-          "foam_jax.sharding.pin_layout(tx, params); or init eagerly on the "
-          "sharded params, or use explicit mesh axes.")
+    if parts > 1 and n % parts == 0:
+      slices.add(n // parts)
+  return slices
 
 
 def is_quantized(*moments: Any) -> bool:
