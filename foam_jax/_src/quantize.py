@@ -9,8 +9,9 @@ take the parameter's
 ``PartitionSpec`` like float moments do, and a block never straddles two
 shards as long as each shard's slice of the last axis is a multiple of
 ``B`` (:func:`block_size` fits ``B`` to a known sharding; under automatic
-mesh axes inside ``jax.jit`` the sharding is hidden, and
-``foam_jax.sharding.pin_layout`` pins the fitted choice).
+mesh axes inside ``jax.jit`` the sharding is hidden, and ``B`` fits every
+split the mesh allows, unless ``foam_jax.sharding.pin_layout`` pins the
+choice fitted to the actual sharding).
 
 The code is a small float per block: with a scale :math:`s \ge \max_b |x|`
 (the block maximum, or during training the bound that

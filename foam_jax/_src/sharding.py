@@ -16,9 +16,10 @@ Under ``jax.jit`` with *automatic* mesh axes a tracer carries no sharding,
 so a traced ``init`` folds at ``fold_level`` regardless. When that could
 straddle shards, pin the choice: ``foam(lr, fold_spec=fitted_fold_specs(
 params))``. :func:`state_shardings` raises a clear error in that case. Int8
-moments' quantization blocks have the same problem: a traced ``init`` raises
-where a block could straddle, and :func:`pin_layout` pins folds and blocks
-at once.
+moments' quantization blocks have the same problem: a traced ``init``
+takes blocks that fit every split the mesh allows (raising where no block
+of 16 or more does), and :func:`pin_layout` pins folds and blocks fitted to
+the actual shardings at once.
 
 Typical use (MaxText-style sharded-state setup in one line)::
 
@@ -83,7 +84,8 @@ def pin_layout(tx: optax.GradientTransformation, params: Any
   params' shardings, so it can fit neither the default policy's folds
   (see :func:`fitted_fold_specs`) nor the quantization blocks of int8
   moments (``mu_dtype=jnp.int8``), whose blocks must not straddle shards
-  (an int8 ``init`` traced so raises rather than guess). The returned
+  (an int8 ``init`` traced so takes blocks that fit every split the mesh
+  allows, often smaller). The returned
   transformation's ``init`` ignores its argument's shardings and builds the
   state from ``params``' shapes, dtypes and shardings, captured here: the
   same state as an eager ``tx.init(params)``, so each block lies in one
