@@ -15,7 +15,7 @@ from benchmarks.convergence_plan import provenance
 from benchmarks.convergence_plan import tuned_grid
 from benchmarks.convergence_plan import View
 
-__all__ = ["summarize", "tokens_to_reach", "write_report"]
+__all__ = ["provenance_section", "summarize", "tokens_to_reach", "write_report"]
 
 
 def _runs_for(data, model, dataset):
@@ -126,6 +126,14 @@ def _commands(meta) -> list[str]:
 def _notes(meta) -> list[str]:
   """Notes recorded with the runs of a store (``--note``), oldest first."""
   return list(dict.fromkeys(n for e in provenance(meta) for n in e.get("notes", [])))
+
+
+def provenance_section(meta) -> list[str]:
+  """A store's closing section: machine, notes and every command behind its runs."""
+  return common.provenance_lines(
+      meta["machine"], _notes(meta),
+      ["- Runs produced by (resumed or in parallel; each command with the date and CPU "
+       "it started on): " + "; ".join(_commands(meta))])
 
 
 def _grid_rule(plan) -> str:
@@ -295,10 +303,7 @@ def write_report(data, out):
                 "embeddings, head and norms step `lr`: comparing it with the "
                 "recipe separates what folding does from what FOAM's split "
                 "step size does. AdamW steps every weight at `lr`.", ""]
-  lines += common.provenance_lines(
-      meta["machine"], _notes(meta),
-      ["- Runs produced by (resumed or in parallel; each command with the date and CPU "
-       "it started on): " + "; ".join(_commands(meta))])
+  lines += provenance_section(meta)
   with open(os.path.join(out, "convergence.md"), "w") as f:
     f.write("\n".join(lines).rstrip("\n") + "\n")
 

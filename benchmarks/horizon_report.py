@@ -7,12 +7,10 @@ import os
 import statistics
 from typing import Any
 
-from benchmarks import common
 from benchmarks import horizon_plan
 from benchmarks.convergence_plan import best_lr
 from benchmarks.convergence_plan import View
-from benchmarks.convergence_report import _commands
-from benchmarks.convergence_report import _notes
+from benchmarks.convergence_report import provenance_section
 from benchmarks.convergence_report import tokens_to_reach
 
 __all__ = ["TOLERANCE", "lr_width", "summarize", "write_report"]
@@ -313,9 +311,6 @@ def write_report(data: dict[str, Any], out: str) -> None:
   lines += ["## Cut or not finished", ""]
   lines += [f"- {x}" for x in missing] if missing else ["Nothing: every phase ran."]
   lines += [""]
-  lines += common.provenance_lines(
-      meta["machine"], _notes(meta),
-      ["- Runs produced by (resumed or in parallel; each command with the date and "
-       "CPU it started on): " + "; ".join(_commands(meta))])
+  lines += provenance_section(meta)
   with open(os.path.join(out, "horizon.md"), "w") as f:
     f.write("\n".join(lines).rstrip("\n") + "\n")

@@ -91,6 +91,24 @@ def _masked(inner: optax.GradientTransformation, mask: Any) -> optax.GradientTra
   return inner if mask is None else optax.masked(inner, mask)
 
 
+def _adam_like_chain(config: Any, num_train_steps: int,
+                     direction: optax.GradientTransformation) -> optax.GradientTransformation:
+  """Levanter's AdamConfig chain around ``direction``: clip, decay (with the
+  module mask), the scheduled learning rate logged by inject_hyperparams."""
+
+  def optimizer(learning_rate):
+    parts = [optax.clip_by_global_norm(config.max_grad_norm)] if config.max_grad_norm else []
+    parts.append(direction)
+    if config.weight_decay > 0:
+      parts.append(optax.add_decayed_weights(config.weight_decay,
+                                             config.build_weight_decay_mask()))
+    parts.append(optax.scale(-learning_rate))
+    return optax.chain(*parts)
+
+  return _named_layout(optax.inject_hyperparams(optimizer)(
+      learning_rate=config.lr_scheduler(num_train_steps)))
+
+
 @OptimizerConfig.register_subclass("foam")
 @dataclass(frozen=True)
 class FoamConfig(OptimizerConfig):
@@ -118,21 +136,11 @@ class FoamConfig(OptimizerConfig):
   bias_correction: str = "step_size"
 
   def build(self, num_train_steps: int) -> optax.GradientTransformation:
-    def optimizer(learning_rate):
-      parts = [optax.clip_by_global_norm(self.max_grad_norm)] if self.max_grad_norm else []
-      parts.append(transform.scale_by_foam(
-          self.beta1, self.beta2, self.epsilon, mu_dtype=_dtype(self.mu_dtype),
-          nu_dtype=_dtype(self.nu_dtype), nesterov=self.nesterov,
-          fold_level=_level(self.fold_level), alpha=self.alpha,
-          residual_scale=self.residual_scale, bias_correction=self.bias_correction))
-      if self.weight_decay > 0:
-        parts.append(optax.add_decayed_weights(self.weight_decay,
-                                               self.build_weight_decay_mask()))
-      parts.append(optax.scale(-learning_rate))
-      return optax.chain(*parts)
-
-    return _named_layout(optax.inject_hyperparams(optimizer)(
-        learning_rate=self.lr_scheduler(num_train_steps)))
+    return _adam_like_chain(self, num_train_steps, transform.scale_by_foam(
+        self.beta1, self.beta2, self.epsilon, mu_dtype=_dtype(self.mu_dtype),
+        nu_dtype=_dtype(self.nu_dtype), nesterov=self.nesterov,
+        fold_level=_level(self.fold_level), alpha=self.alpha,
+        residual_scale=self.residual_scale, bias_correction=self.bias_correction))
 
 
 @OptimizerConfig.register_subclass("foam_lion")
@@ -148,19 +156,9 @@ class FoamLionConfig(OptimizerConfig):
   mu_dtype: str | None = None
 
   def build(self, num_train_steps: int) -> optax.GradientTransformation:
-    def optimizer(learning_rate):
-      parts = [optax.clip_by_global_norm(self.max_grad_norm)] if self.max_grad_norm else []
-      parts.append(lion.scale_by_folded_lion(
-          self.beta1, self.beta2, _dtype(self.mu_dtype), fold_level=_level(self.fold_level),
-          residual_scale=self.residual_scale))
-      if self.weight_decay > 0:
-        parts.append(optax.add_decayed_weights(self.weight_decay,
-                                               self.build_weight_decay_mask()))
-      parts.append(optax.scale(-learning_rate))
-      return optax.chain(*parts)
-
-    return _named_layout(optax.inject_hyperparams(optimizer)(
-        learning_rate=self.lr_scheduler(num_train_steps)))
+    return _adam_like_chain(self, num_train_steps, lion.scale_by_folded_lion(
+        self.beta1, self.beta2, _dtype(self.mu_dtype), fold_level=_level(self.fold_level),
+        residual_scale=self.residual_scale))
 
 
 @OptimizerConfig.register_subclass("foam_muon")
