@@ -14,9 +14,9 @@ MODULES = [
         "model", "optimizers", "outputs", "prepare_data", "sharding", "state", "steps",
         "switch", "tokenizers", "train_config")),
     *(f"benchmarks.{m}" for m in (
-        "common", "convergence", "convergence_plan", "convergence_report", "grid", "memory",
-        "memory_report", "step_time", "step_time_compare", "step_time_report",
-        "step_time_runners")),
+        "common", "convergence", "convergence_plan", "convergence_report", "grid", "horizon",
+        "horizon_report", "layout_state", "memory", "memory_report", "step_time",
+        "step_time_compare", "step_time_report", "step_time_runners", "stdlib_corpus")),
 ]
 
 
