@@ -117,6 +117,8 @@ def test_the_configs_are_registered_by_name_with_levanters_fields():
     assert config.learning_rate == 3e-3 and config.min_lr_ratio == 0.2
   with pytest.raises(draccus.utils.DecodingError, match="no_such_field"):
     draccus.decode(OptimizerConfig, {"type": "foam", "no_such_field": 1})
+  with pytest.raises(draccus.utils.DecodingError):
+    draccus.decode(OptimizerConfig, {"type": "foam", "bias_correction": "nope"})
   mini = draccus.decode(OptimizerConfig, {"type": "foam", "fold_level": "whole_axis"})
   assert mini.fold_level == "whole_axis"
 

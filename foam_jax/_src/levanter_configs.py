@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from typing import Literal
 
 import haliax
 import jax
@@ -133,7 +134,7 @@ class FoamConfig(OptimizerConfig):
   residual_scale: float = 1.0
   mu_dtype: str | None = None
   nu_dtype: str | None = None
-  bias_correction: str = "step_size"
+  bias_correction: Literal["step_size", "moments"] = "step_size"
 
   def build(self, num_train_steps: int) -> optax.GradientTransformation:
     return _adam_like_chain(self, num_train_steps, transform.scale_by_foam(
