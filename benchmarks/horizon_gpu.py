@@ -70,9 +70,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return train_run(spec, dataset, horizon.disjoint_batches(
         dataset.train, batch, seq_len, steps, 0))
 
-  # Time a short run of each (compiled ahead, so its wall-clock is steps only).
-  probe = 10
-  per_step = max(run(o, probe)["wall_s"] / probe for o in OPTIMIZERS)
+  # Time a short run of each (compiled ahead, so its wall-clock is steps only),
+  # from its last 10 steps: the first ones also pay for dispatch warm-up.
+  probe = 30
+
+  def seconds_per_step(opt):
+    curve = run(opt, probe)["train_curve"]  # (tokens, wall, loss) every 10 steps.
+    return (curve[-1][1] - curve[-2][1]) / 10
+
+  per_step = max(seconds_per_step(o) for o in OPTIMIZERS)
   steps = max(probe, int(args.seconds / (len(OPTIMIZERS) * per_step)))
   windows = (len(dataset.train) - 1) // seq_len
   steps = min(steps, windows // batch)
