@@ -1,7 +1,7 @@
 """FOAM inside Levanter: its config registry, its ``Trainer``, its checkpoints.
 
 Runs where ``marin-levanter`` is installed (``pip install -e ".[levanter]"``;
-``.cci/run``'s Levanter step), once per device count: ``FOAM_JAX_TEST_DEVICES=1``
+``.ci/run``'s Levanter step), once per device count: ``FOAM_JAX_TEST_DEVICES=1``
 (one device) and ``=2`` (a data-parallel and a tensor-parallel mesh). Each
 run selects the optimizer as a user does, by its name in a config decoded
 with draccus, trains a small Llama (Levanter's own) through ``Trainer``,
