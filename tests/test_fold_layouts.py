@@ -224,7 +224,7 @@ def test_haliax_tensor_parallel_state_divides(int8):
   # A traced init (as Levanter's named_jit) folds the same way.
   traced = jax.eval_shape(tx.init, params)
   assert jax.tree.map(lambda x: x.shape, traced) == jax.tree.map(lambda x: x.shape, state)
-  optax.tree_utils.tree_get(state, "count")  # A well-formed Optax state.
+  assert int(optax.tree_utils.tree_get(state, "count")) == 0  # A well-formed Optax state.
 
 
 @pytest.mark.parametrize("make_tx", [
