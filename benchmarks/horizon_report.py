@@ -117,24 +117,30 @@ def _process_hours(data: dict[str, Any]) -> float:
   return sum(r.get("process_s", 0.0) for r in data["runs"].values()) / 3600
 
 
-def _plot_horizons(suites, model, opts, path):
+def _plot_horizons(suites, model, opts, plan, path):
+  """Loss and tokens-to-AdamW against horizon: finished rows only, one colour per optimizer."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-  for opt in opts:
+  colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  for i, opt in enumerate(opts):
+    style = {"marker": "o", "label": opt, "color": colours[i % len(colours)]}
     pts = [(s["steps"], r) for s in suites if s["model"] == model
-           for r in s["rows"] if r["optimizer"] == opt and r["mean"] is not None]
+           for r in s["rows"] if r["optimizer"] == opt and _complete(r, plan)]
     if pts:
       axes[0].errorbar([p[0] for p in pts], [p[1]["mean"] for p in pts],
-                       yerr=[p[1]["sd"] for p in pts], marker="o", capsize=3, label=opt)
+                       yerr=[p[1]["sd"] for p in pts], capsize=3, **style)
     reach = [(s, statistics.mean(r["reach"])) for s, r in pts
              if r["reach"] and None not in r["reach"]]
     if reach and opt != "adamw":
-      axes[1].plot([p[0] for p in reach], [p[1] for p in reach], marker="o", label=opt)
+      axes[1].plot([p[0] for p in reach], [p[1] for p in reach], **style)
+  horizons = sorted({s["steps"] for s in suites if s["model"] == model})
   for ax in axes:
     ax.set_xscale("log")
+    ax.set_xticks(horizons, [str(h) for h in horizons])
+    ax.minorticks_off()
     ax.set_xlabel("horizon (steps of 8 x 128 bytes)")
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=8)
@@ -273,7 +279,7 @@ def write_report(data: dict[str, Any], out: str) -> None:
                                  for x in r["reach"]))
       lines.append(f"| {opt} | " + " | ".join(cells) + " |")
     png = f"horizon_{model}.png"
-    _plot_horizons(size_suites, model, all_opts, os.path.join(out, png))
+    _plot_horizons(size_suites, model, all_opts, plan, os.path.join(out, png))
     lines += ["", f"![loss and tokens against horizon]({png})", "",
               "### Tuning effort", "",
               "Final loss (seed 0) at each learning rate; the width is the range, in "
