@@ -69,6 +69,9 @@ DION_NS_COEFFS = (
 )
 PRESETS = {"standard": DEFAULT_NS_COEFFS, "dion": DION_NS_COEFFS}
 PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")
+# The floor of the aol and schatten first steps' rescaling: fixed, not the
+# ``eps`` argument, as in Optax's Muon (so that the two agree bit for bit).
+_FIRST_STEP_EPS = 1e-8
 
 
 def is_dim_nums(x: Any) -> bool:
@@ -135,8 +138,9 @@ def _orthogonalize_matrix(x, coeffs, steps, preconditioning, eps):
     x /= jnp.linalg.norm(x, ord="fro") + eps
   elif preconditioning == "spectral":
     x /= jnp.linalg.norm(x, ord=2) + eps
-  first = {"aol": functools.partial(_aol_step, eps=1e-8),
-           "schatten": functools.partial(_schatten_step, eps=1e-8)}.get(preconditioning)
+  first = {"aol": functools.partial(_aol_step, eps=_FIRST_STEP_EPS),
+           "schatten": functools.partial(_schatten_step, eps=_FIRST_STEP_EPS)
+           }.get(preconditioning)
 
   def step(i, x, c):
     if first is None:
