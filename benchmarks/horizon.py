@@ -13,8 +13,9 @@ rerun resumes (and refuses a file made on another corpus, by checksum), so
 the study can run in the background for hours, as one process or as one
 per model size (``--only tiny`` / ``--only 20m``), and be stopped at any
 time. The report (``horizon_report``) is rendered from the JSON alone:
-``--report-only``. ``--skip`` leaves optimizers out of this run (they are
-reported as cut or waiting).
+``--report-only``. ``--skip`` leaves optimizers out of this run and
+``--horizons`` keeps only the given horizons (what is left out is reported
+as cut or waiting).
 
 Examples:
   python -m benchmarks.horizon --only tiny --skip foam_muon \\
@@ -74,7 +75,7 @@ def disjoint_batches(train: np.ndarray, batch: int, seq_len: int, steps: int,
 
 
 def run_study(plan: dict[str, Any], store: Store, corpus: stdlib_corpus.Corpus, log,
-              only=None, skip=()) -> None:
+              only=None, skip=(), horizons=None) -> None:
   """Runs every phase of ``plan`` not in ``store`` yet, most important first."""
   dataset = data.TokenDataset.from_splits(corpus.train, corpus.val, plan["seq_len"])
   name = corpus.info["name"]
@@ -86,7 +87,7 @@ def run_study(plan: dict[str, Any], store: Store, corpus: stdlib_corpus.Corpus, 
     result = train_run(spec, dataset, batch_at)
     return {**result, "process_s": time.perf_counter() - start}
 
-  for model, steps, opt in horizon_plan.phases(plan, only, skip):
+  for model, steps, opt in horizon_plan.phases(plan, only, skip, horizons):
     base = horizon_plan.base_spec(plan, name, model, steps)
     point = lambda lr, seed, b=base, o=opt: {**b, "optimizer": o, "lr": lr, "seed": seed}
     lrs = horizon_plan.grid_of(plan, store, name, model, steps, opt,
@@ -142,6 +143,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--only", nargs="*", metavar="MODEL", help="model sizes to run")
   parser.add_argument("--skip", nargs="*", default=[], metavar="OPTIMIZER",
                       help="optimizers to leave out of this run")
+  parser.add_argument("--horizons", nargs="*", type=int, metavar="STEPS",
+                      help="horizons to run (default: all of the plan's)")
   parser.add_argument("--corpus", metavar="DIR",
                       help="a corpus written by `python -m benchmarks.stdlib_corpus "
                       "--write DIR` instead of this Python's stdlib")
@@ -168,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     meta = {"machine": common.machine_info(), "plan": plan, "corpus": corpus.info,
             "quick": args.quick, "notes": args.note}
     store = _open_store(path, meta)
-    run_study(plan, store, corpus, log, args.only, set(args.skip))
+    run_study(plan, store, corpus, log, args.only, set(args.skip), args.horizons)
     results = json.loads(json.dumps(store.data))
   from benchmarks import horizon_report  # Imports matplotlib; only when reporting.
   horizon_report.write_report(results, args.out)

@@ -78,15 +78,20 @@ def wide_around(lr: float) -> list[float]:
   return sorted(set(around(lr) + extra))
 
 
-def phases(plan: dict[str, Any], only_models=None, skip=()) -> Iterator[tuple[str, int, str]]:
+def phases(plan: dict[str, Any], only_models=None, skip=(),
+           only_horizons=None) -> Iterator[tuple[str, int, str]]:
   """``(model, steps, optimizer)`` in the order they run (most important first).
 
-  Each is a grid followed by the seeds at its best learning rate.
+  Each is a grid followed by the seeds at its best learning rate. Model
+  sizes not in ``only_models``, horizons not in ``only_horizons`` (when
+  given) and optimizers in ``skip`` are left out.
   """
   for model, horizons, opts in plan["sizes"]:
     if only_models and model not in only_models:
       continue
     for steps in horizons:
+      if only_horizons and steps not in only_horizons:
+        continue
       late = [o for m, s, late_opts, _ in plan.get("late", []) if (m, s) == (model, steps)
               for o in late_opts]
       for opt in list(opts) + late:

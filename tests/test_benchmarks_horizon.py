@@ -95,6 +95,17 @@ def test_wide_around_is_five_half_decade_points():
   assert horizon_plan.wide_around(3e-1) == [3e-2, 1e-1, 3e-1, 1.0]
 
 
+def test_phases_run_most_important_first_and_filter_sizes_horizons_and_optimizers():
+  plan = horizon_plan.PLAN
+  everything = list(horizon_plan.phases(plan))
+  assert everything[:4] == [("tiny", 200, o) for o in ("adamw", "foam", "muon", "foam_muon")]
+  assert ("tiny", 4000, "foam_int8") in everything
+  assert everything.index(("tiny", 4000, "foam")) < everything.index(("tiny", 4000, "foam_int8"))
+  picked = list(horizon_plan.phases(plan, only_models=["20m"], skip={"muon"},
+                                    only_horizons=[200, 1000]))
+  assert picked == [("20m", s, o) for s in (200, 1000) for o in ("adamw", "foam")]
+
+
 def test_quick_study_retunes_per_horizon_resumes_and_reports(tmp_path):
   out = str(tmp_path)
   data = horizon.main(["--quick", "--out", out, "--note", "A test run."])
