@@ -113,8 +113,12 @@ def _open_store(path: str, meta: dict[str, Any]) -> Store:
   return Store(path, meta)
 
 
-def _merged(path: str, others: list[str]) -> dict[str, Any]:
-  """The store at ``path`` with the runs and provenance of ``others`` added (and saved)."""
+def _merged(path: str, others: list[str], cuts=()) -> dict[str, Any]:
+  """The store at ``path`` with the runs and provenance of ``others`` added (and saved).
+
+  ``cuts`` (``{"model", "steps", "reason"}``) replace the recorded cuts of
+  the same horizons.
+  """
   stores = []
   for p in ([path] if os.path.exists(path) else []) + list(others):
     with open(p) as f:
@@ -128,7 +132,11 @@ def _merged(path: str, others: list[str]) -> dict[str, Any]:
     view = Store.__new__(Store)
     view.data = data
     view.merge(other)
-  if others:
+  if cuts:
+    keep = [c for c in data["meta"].get("cuts", [])
+            if (c["model"], c["steps"]) not in {(x["model"], x["steps"]) for x in cuts}]
+    data["meta"]["cuts"] = keep + list(cuts)
+  if others or cuts:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
       json.dump(data, f)
@@ -156,6 +164,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--merge", nargs="*", default=[], metavar="JSON",
                       help="--report-only: first add the runs of these stores (the "
                       "processes run side by side, one per model size)")
+  parser.add_argument("--cut", nargs=3, action="append", default=[],
+                      metavar=("MODEL", "STEPS", "REASON"),
+                      help="--report-only: record that a horizon was cut on purpose, "
+                      "and why (the report shows it); repeatable")
   parser.add_argument("--note", action="append", default=[],
                       help="a sentence the report shows about this run (load, "
                       "processes beside it); repeatable")
@@ -164,7 +176,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   path = os.path.join(args.out, "horizon.json")
   log = lambda s: print(s, flush=True)
   if args.report_only:
-    results = _merged(path, args.merge)
+    results = _merged(path, args.merge, [
+        {"model": m, "steps": int(s), "reason": r} for m, s, r in args.cut])
   else:
     corpus = stdlib_corpus.load(args.corpus, any_version=args.any_python or args.quick)
     os.makedirs(args.out, exist_ok=True)

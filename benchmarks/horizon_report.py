@@ -8,6 +8,7 @@ import statistics
 from typing import Any
 
 from benchmarks import horizon_plan
+from benchmarks import horizon_trend
 from benchmarks.convergence_plan import best_lr
 from benchmarks.convergence_plan import View
 from benchmarks.convergence_report import provenance_section
@@ -178,34 +179,24 @@ def _fmt(mean, sd):
   return "" if mean is None else f"{mean:.3f} +- {sd:.3f}"
 
 
-def _trend_lines(suites, model, plan) -> list[str]:
-  """The measured trend, per optimizer: its difference to AdamW at each horizon."""
-  lines = []
-  for opt in next(o for m, _, o in plan["sizes"] if m == model):
-    if opt == "adamw":
-      continue
-    diffs, ratios = [], []
-    for s in suites:
-      if s["model"] != model:
-        continue
-      row = next(r for r in s["rows"] if r["optimizer"] == opt)
-      adam = next(r for r in s["rows"] if r["optimizer"] == "adamw")
-      if _complete(row, plan) and _complete(adam, plan):
-        diffs.append((s["steps"], row["mean"] - adam["mean"]))
-        if row["reach"] and None not in row["reach"]:
-          ratios.append((s["steps"], min(row["reach"]), max(row["reach"])))
-    if not diffs:
-      continue
-    text = ", ".join(f"{d:+.3f} at {h}" for h, d in diffs)
-    lines.append(f"- {opt} minus AdamW (nats/byte, mean over seeds): {text} steps.")
-    if ratios:
-      lines[-1] += (" Tokens it needs to reach AdamW's final loss (per seed): "
-                    + ", ".join(f"{lo:.2f}-{hi:.2f}x at {h}" for h, lo, hi in ratios)
-                    + " steps.")
-    behind = [h for h, d in diffs if d > 0]
-    if behind:
-      lines[-1] += f" It ends behind AdamW at {', '.join(map(str, behind))} steps."
-  return lines
+def _cut_section(suites, plan, cuts) -> list[str]:
+  """What did not finish: the cuts (with the reason recorded) and the rest."""
+  reasons = {(c["model"], c["steps"]): c["reason"] for c in cuts}
+  cut, unfinished = {}, []
+  for su in suites:
+    missing = [r["optimizer"] for r in su["rows"] if not _complete(r, plan)]
+    key = (su["model"], su["steps"])
+    if missing and key in reasons:
+      cut[key] = missing
+    elif missing:
+      unfinished += [f"{su['model']} at {su['steps']} steps: {o}" for o in missing]
+  lines = ["## Cut or not finished", ""]
+  lines += [f"- Cut: {m} at {s} steps ({', '.join(opts)}). {reasons[m, s]}"
+            for (m, s), opts in cut.items()]
+  lines += [f"- Not finished: {x}" for x in unfinished]
+  if not cut and not unfinished:
+    lines.append("Nothing: every phase ran.")
+  return lines + [""]
 
 
 def write_report(data: dict[str, Any], out: str) -> None:
@@ -229,7 +220,9 @@ def write_report(data: dict[str, Any], out: str) -> None:
       f"edge while its best sits there (at most {plan['extend_edges']} times). "
       f"Then {plan['seeds']} seeds (init and data order) at the best lr. "
       "Settings and schedule as in `benchmarks/convergence.py` (FOAM: the paper's "
-      "recipe; every optimizer on 10% warmup and cosine to 0.1x).", ""]
+      "recipe; every optimizer on 10% warmup and cosine to 0.1x). With two model "
+      "sizes, what follows is a trend over horizons at each size, not a trend over "
+      "sizes.", ""]
   for m, s, late, centre in plan.get("late", []):
     lines += [f"{', '.join(late)} run on `{m}` at {s} steps only, on the 5 "
               f"half-decade points around {centre}'s best lr there.", ""]
@@ -308,15 +301,10 @@ def write_report(data: dict[str, Any], out: str) -> None:
       png = f"horizon_{model}_{s['steps']}_lr.png"
       _plot_lr(s, os.path.join(out, png))
       lines += ["", f"![final loss against lr, {s['steps']} steps]({png})", ""]
-    trend = _trend_lines(suites, model, plan)
+    trend = horizon_trend.trend_paragraph(suites, model, lambda r: _complete(r, plan))
     if trend:
-      lines += ["### Trend as measured", ""] + trend + [""]
-  missing = [f"{m} at {s} steps: {r['optimizer']}" for su in suites
-             for m, s, r in [(su["model"], su["steps"], r) for r in su["rows"]]
-             if not _complete(r, plan)]
-  lines += ["## Cut or not finished", ""]
-  lines += [f"- {x}" for x in missing] if missing else ["Nothing: every phase ran."]
-  lines += [""]
+      lines += ["### Trend as measured", "", trend, ""]
+  lines += _cut_section(suites, plan, meta.get("cuts", []))
   lines += provenance_section(meta)
   with open(os.path.join(out, "horizon.md"), "w") as f:
     f.write("\n".join(lines).rstrip("\n") + "\n")

@@ -183,3 +183,45 @@ def test_report_merges_the_stores_of_processes_run_side_by_side(tmp_path):
   with pytest.raises(ValueError, match="different corpora"):
     horizon.main(["--report-only", "--out", str(tmp_path / "m2"), "--merge",
                   *map(str, halves)])
+
+
+def test_report_states_cuts_with_their_reason_and_the_rest_as_not_finished(tmp_path):
+  data = horizon.main(["--quick", "--out", str(tmp_path / "whole")])
+  first, second = horizon_plan.QUICK_PLAN["sizes"][0][1]
+  short = {"meta": data["meta"],
+           "runs": {k: r for k, r in data["runs"].items() if r["steps"] == first}}
+  (tmp_path / "short.json").write_text(json.dumps(short))
+  horizon.main(["--report-only", "--out", str(tmp_path / "cut"), "--merge",
+                str(tmp_path / "short.json"), "--cut", "tiny", str(second), "No time."])
+  report = (tmp_path / "cut" / "horizon.md").read_text()
+  assert f"- Cut: tiny at {second} steps (adamw, foam, foam_int8). No time." in report
+  assert "Not finished" not in report
+  horizon.main(["--report-only", "--out", str(tmp_path / "open"), "--merge",
+                str(tmp_path / "short.json")])
+  report = (tmp_path / "open" / "horizon.md").read_text()
+  assert f"- Not finished: tiny at {second} steps: foam" in report and "Cut:" not in report
+
+
+def _row(opt, mean, reach=(0.5, 0.5, 0.5)):
+  return {"optimizer": opt, "mean": mean, "reach": list(reach), "done": True}
+
+
+def test_trend_paragraph_states_each_optimizer_against_adamw_and_the_final_order():
+  from benchmarks import horizon_trend
+  suites = [
+      {"model": "tiny", "steps": 200, "rows": [
+          _row("adamw", 2.5), _row("foam", 2.0, (0.4, 0.42, 0.44)), _row("muon", 1.8)]},
+      {"model": "tiny", "steps": 1000, "rows": [
+          _row("adamw", 1.5), _row("foam", 1.55, (None, 0.99, None)), _row("muon", 1.4),
+          {**_row("adafactor", 9.0), "done": False}]},
+      {"model": "20m", "steps": 200, "rows": [_row("adamw", 1.0), _row("foam", 0.5)]},
+  ]
+  text = horizon_trend.trend_paragraph(suites, "tiny", lambda r: r["done"])
+  assert ("`foam` minus tuned AdamW is -0.500 and +0.050 nats/byte at 200 and 1000 "
+          "steps: its lead reverses: it ends behind AdamW at 1000 steps") in text
+  assert "0.40-0.44x at 200 and AdamW's final loss reached by 1 of 3 seeds at 1000" in text
+  assert "`muon` minus tuned AdamW is -0.700 and -0.100" in text
+  assert "its lead shrinks as training gets longer" in text
+  assert "adafactor" not in text and "0.500" not in text.split("`muon`")[1]
+  assert text.endswith("the order from lowest loss is `muon`, `adamw`, `foam`.")
+  assert horizon_trend.trend_paragraph(suites, "none", lambda r: r["done"]) == ""

@@ -15,7 +15,7 @@ MODULES = [
         "switch", "tokenizers", "train_config")),
     *(f"benchmarks.{m}" for m in (
         "common", "convergence", "convergence_plan", "convergence_report", "grid", "horizon",
-        "horizon_report", "layout_state", "memory", "memory_report", "step_time",
+        "horizon_report", "horizon_trend", "layout_state", "memory", "memory_report", "step_time",
         "step_time_compare", "step_time_report", "step_time_runners", "stdlib_corpus")),
 ]
 
