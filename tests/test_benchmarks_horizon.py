@@ -225,3 +225,18 @@ def test_trend_paragraph_states_each_optimizer_against_adamw_and_the_final_order
   assert "adafactor" not in text and "0.500" not in text.split("`muon`")[1]
   assert text.endswith("the order from lowest loss is `muon`, `adamw`, `foam`.")
   assert horizon_trend.trend_paragraph(suites, "none", lambda r: r["done"]) == ""
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/guides/benchmarks.md"])
+def test_the_pages_quote_the_committed_horizon_report(page):
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, "benchmarks", "results", "horizon", "horizon.md")) as f:
+    report = f.read()
+  with open(os.path.join(root, page)) as f:
+    rows = [line for line in f if line.startswith("|") and "horizon/horizon.md" in line]
+  assert len(rows) == 3
+  for row in rows:
+    foam, adamw = row.split("|")[2:4]
+    for cell in foam.split("/") + adamw.split("/"):
+      if cell.strip() != "1x":
+        assert cell.strip() in report, (page, cell)
