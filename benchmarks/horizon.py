@@ -133,8 +133,9 @@ def _merged(path: str, others: list[str], cuts=()) -> dict[str, Any]:
     view.data = data
     view.merge(other)
   if cuts:
+    replaced = {(c["model"], c["steps"]) for c in cuts}
     keep = [c for c in data["meta"].get("cuts", [])
-            if (c["model"], c["steps"]) not in {(x["model"], x["steps"]) for x in cuts}]
+            if (c["model"], c["steps"]) not in replaced]
     data["meta"]["cuts"] = keep + list(cuts)
   if others or cuts:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

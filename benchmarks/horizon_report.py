@@ -229,7 +229,7 @@ def write_report(data: dict[str, Any], out: str) -> None:
   lines += [f"Process time of the runs so far: {_process_hours(data):.2f} "
             "process-hours: the wall time of each run in its single-threaded "
             "process, compile and validation included, and any time the process "
-            "was paused (for CI) during the run.", ""]
+            "was paused during the run.", ""]
   for model, _, _ in plan["sizes"]:
     size_suites = [s for s in suites if s["model"] == model]
     params = next((x["params"] for s in size_suites for r in s["rows"]
