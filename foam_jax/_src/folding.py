@@ -49,6 +49,7 @@ __all__ = [
     "blocked_mean",
     "folded_counts",
     "block_sums",
+    "shifted_block_sums",
     "abs_sq",
     "fold",
     "unfold",
@@ -300,6 +301,26 @@ def block_sums(xb: jax.Array, axis: int, *, square: bool = False) -> jax.Array:
   while len(parts) > 1:  # Pairwise: ((x0 + x1) + (x2 + x3)) + ...
     parts = [a + b for a, b in zip(parts[::2], parts[1::2])]
   return parts[0]
+
+
+def shifted_block_sums(xb: jax.Array, axis: int) -> jax.Array:
+  """Each entry's block sum, at full size: the sum of the block axis's cyclic shifts.
+
+  For a blocked array (:func:`to_blocks`) with power-of-two blocks, entry
+  ``j`` of a block gets ``sum_s x[(j - s) mod k]`` over the ``k`` shifts
+  ``s``: its block's sum, formed from the block's own entries with no
+  folded intermediate (the order of the additions differs by entry).
+
+  Examples:
+    >>> xb = jnp.arange(8.0).reshape(2, 4)
+    >>> shifted_block_sums(xb, axis=0)
+    Array([[ 6.,  6.,  6.,  6.],
+           [22., 22., 22., 22.]], dtype=float32)
+  """
+  total = xb
+  for shift in range(1, xb.shape[axis + 1]):
+    total = total + jnp.roll(xb, shift, axis=axis + 1)
+  return total
 
 
 def fold(x: jax.Array, axis: int = -2, level: int = 2) -> jax.Array:

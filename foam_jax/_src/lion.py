@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from foam_jax._src import folded_moments
 from foam_jax._src import moment
 from foam_jax._src import placement
 from foam_jax._src import quantized_state
@@ -129,23 +130,20 @@ def scale_by_folded_lion(
     del params
     specs = specs_lib.resolve_fold_specs(updates, fold_spec, fold_level)
 
-    def leaf_update(spec, g, mu):
-      if moment.is_absent(g):
-        return g, mu
-      compute = jnp.promote_types(g.dtype, jnp.float32)
-      fg = moment.FoldedGradient(
-          g.astype(compute), moment.geometry(spec, g.shape, mu.shape),
-          residual_scale=residual_scale)
-      # The read uses the momentum before this step's update, as Lion does.
-      u = squash((1.0 - b1) * fg.blocks + b1 * fg.read(mu.astype(compute)))
-      _, mu_new = moment.ema(mu, fg.mean, b2, compute, optax_order=True,
-                             step=state.count)
-      return fg.unblock(u).astype(g.dtype), mu_new
+    count = optax.safe_increment(state.count)
+    leaves, (mu,) = folded_moments.update_moments(
+        updates, specs, [folded_moments.MomentUpdate(state.mu, b2, "mean", "mu")],
+        count=count, residual_scale=residual_scale, optax_order=True)
 
-    mu = quantized_state.stored_moments(state.mu, updates, signed=True, field="mu")
-    updates, mu = moment.map_leaves(leaf_update, specs, updates, mu, outputs=2)
-    return updates, ScaleByFoldedLionState(
-        count=optax.safe_increment(state.count), mu=quantized_state.pack(mu))
+    def leaf_update(lm, g):
+      fg, (previous,) = lm.gradient, lm.previous
+      compute = fg.blocks.dtype
+      # The read uses the momentum before this step's update, as Lion does.
+      u = squash((1.0 - b1) * fg.blocks + b1 * fg.read(previous.astype(compute)))
+      return fg.unblock(u).astype(g.dtype)
+
+    updates = folded_moments.leaf_map(leaf_update, specs, leaves, updates)
+    return updates, ScaleByFoldedLionState(count=count, mu=mu)
 
   return optax.GradientTransformation(init_fn, update_fn)
 

@@ -205,24 +205,83 @@ class FoldedGradient:
       return folded
     return jnp.expand_dims(folded, self.geom.axis + 1)
 
+  @property
+  def has_shifted_form(self) -> bool:
+    """Whether :meth:`shifted_means` applies: a fold in power-of-two blocks of at most
+    :data:`~foam_jax._src.folding.MAX_SLICED_BLOCK` entries."""
+    if self.geom is None:
+      return False
+    k = self.blocks.shape[self.geom.axis + 1]
+    return k <= folding.MAX_SLICED_BLOCK and not k & (k - 1)
+
+  def shifted_means(self, *, square: bool = False) -> jax.Array:
+    """:math:`U F(g)` (or :math:`U F(|g|^2)`) from each block's own entries.
+
+    :func:`~foam_jax._src.folding.shifted_block_sums` over the blocked view
+    (of ``|g|^2`` when ``square``), divided by the block's true length: the
+    block mean at full size with no folded intermediate.
+    """
+    if self.geom is None:
+      raise ValueError("shifted_means needs a folded leaf (has_shifted_form).")
+    counts = self._counts if isinstance(self._counts, int) else self.expand(self._counts)
+    x = folding.abs_sq(self.blocks) if square else self.blocks
+    return folding.shifted_block_sums(x, self.geom.axis) / counts
+
+  @functools.cached_property
+  def unfolded_mean(self) -> jax.Array:
+    """:math:`U F(g)` in the blocked view.
+
+    Two forms of the same values, chosen when the program is lowered
+    (``jax.lax.platform_dependent``):
+
+    * on GPUs, each entry sums its own block's entries
+      (:meth:`shifted_means`), so the full-size read needs no folded
+      intermediate: XLA's GPU fusion forms it inside the kernel that reads
+      the gradient for the update, where a broadcast block mean would be
+      written in float32 by one kernel and read back by the next;
+    * elsewhere (TPU, CPU), and where :attr:`has_shifted_form` is false,
+      the block means :attr:`mean` broadcast (:meth:`expand`): shifts along
+      a tiled axis cost a TPU relayouts.
+    """
+    def broadcast(blocks):
+      return jnp.broadcast_to(self.expand(self.mean), blocks.shape)
+
+    if not self.has_shifted_form:
+      return broadcast(self.blocks)
+
+    def shifted(blocks):
+      del blocks
+      return self.shifted_means()
+
+    return jax.lax.platform_dependent(self.blocks, cuda=shifted, rocm=shifted,
+                                      default=broadcast)
+
   @functools.cached_property
   def residual(self) -> jax.Array | None:
     """:math:`c R` in the blocked view; ``None`` (zero) if not folded."""
     if self.geom is None:
       return None
-    return self.residual_scale * (self.blocks - self.expand(self.mean))
+    return self.residual_scale * (self.blocks - self.unfolded_mean)
 
-  def read(self, m: jax.Array) -> jax.Array:
-    """:math:`U \\tilde m + c R`: a folded first moment at full size."""
-    if self.residual is None:
-      return self.expand(m)
-    return self.expand(m) + self.residual
+  def read(self, m: jax.Array, *, unfolded: bool = False) -> jax.Array:
+    """:math:`U \\tilde m + c R`: a folded first moment at full size.
 
-  def read_energy(self, v: jax.Array) -> jax.Array:
-    """:math:`U \\tilde v + c^2 |R|^2`: a folded second moment at full size."""
+    ``unfolded``: ``m`` is :math:`U \\tilde m` already, in the blocked view.
+    """
+    um = m if unfolded else self.expand(m)
     if self.residual is None:
-      return self.expand(v)
-    return self.expand(v) + folding.abs_sq(self.residual)
+      return um
+    return um + self.residual
+
+  def read_energy(self, v: jax.Array, *, unfolded: bool = False) -> jax.Array:
+    """:math:`U \\tilde v + c^2 |R|^2`: a folded second moment at full size.
+
+    ``unfolded``: ``v`` is :math:`U \\tilde v` already, in the blocked view.
+    """
+    uv = v if unfolded else self.expand(v)
+    if self.residual is None:
+      return uv
+    return uv + folding.abs_sq(self.residual)
 
   def unblock(self, x_blocks: jax.Array) -> jax.Array:
     """From the blocked view back to the parameter's shape."""
@@ -233,8 +292,8 @@ class FoldedGradient:
 
 def ema(moment: jax.Array | quantize.QuantizedMoment, target: jax.Array,
         decay: Any, compute_dtype=None, *, optax_order: bool = False,
-        step: Any = None, target_max: jax.Array | None = None
-        ) -> tuple[jax.Array, Any]:
+        step: Any = None, target_max: jax.Array | None = None,
+        separate: bool = False) -> tuple[jax.Array, Any]:
   r"""``decay * moment + (1 - decay) * target``: the moment to read and to store.
 
   A float moment is rounded to its storage dtype, and the update reads it
@@ -265,6 +324,16 @@ def ema(moment: jax.Array | quantize.QuantizedMoment, target: jax.Array,
     target_max: an 8-bit moment's ``max |target|`` per quantization block
       (:func:`~foam_jax._src.quantize.block_max`), when the caller has it
       more cheaply; default: computed from ``target``.
+    separate: on GPUs (chosen at lowering, ``jax.lax.platform_dependent``),
+      a float moment is written in its own kernel and the update reads it
+      as stored (``jax.lax.optimization_barrier`` on the stored moment). For
+      a folded moment this is XLA GPU's cheaper program: the full-size
+      update reads the stored moment (a quarter of the weight's size at
+      level 2, in its storage dtype) instead of a float32 copy of it or the
+      EMA of the old moment recomputed, which needs the old moment copied
+      before it is overwritten in place. Leaves that are not folded keep the
+      moment update in the update's kernel (``False``). The values are the
+      same either way.
 
   Returns:
     ``(read, stored)``: the value the update reads (in ``compute_dtype``),
@@ -284,6 +353,10 @@ def ema(moment: jax.Array | quantize.QuantizedMoment, target: jax.Array,
   if not isinstance(moment, quantize.QuantizedMoment):
     new = average(moment if compute_dtype is None else moment.astype(compute_dtype))
     stored = new.astype(moment.dtype)
+    if separate:
+      stored = jax.lax.platform_dependent(
+          stored, cuda=jax.lax.optimization_barrier,
+          rocm=jax.lax.optimization_barrier, default=lambda x: x)
     return stored.astype(compute_dtype or stored.dtype), stored
   new = average(moment.astype(compute_dtype or jnp.float32))
   if target_max is None:

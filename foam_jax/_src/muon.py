@@ -19,9 +19,11 @@ import optax
 from optax.contrib import MuonDimensionNumbers
 
 from foam_jax._src import fold_policy
+from foam_jax._src import folded_moments
 from foam_jax._src import moment
 from foam_jax._src import newton_schulz
 from foam_jax._src import placement
+from foam_jax._src import quantize
 from foam_jax._src import quantized_state
 from foam_jax._src import specs as specs_lib
 from foam_jax._src import validation as _validation
@@ -208,20 +210,26 @@ def scale_by_folded_muon(
                               is_leaf=specs_lib.is_spec_leaf)
     count = optax.safe_increment(state.count)
 
-    def read(spec, g, mu):
-      """The new folded momentum and its read-back ``U m + c R``, whole."""
-      if moment.is_absent(g):
-        return g, g, mu
-      compute = jnp.promote_types(g.dtype, jnp.float32)
-      fg = moment.FoldedGradient(
-          g.astype(compute), moment.geometry(spec, g.shape, mu.shape),
-          residual_scale=residual_scale)
-      mu_read, mu_new = moment.ema(mu, fg.mean, beta, compute,
-                                   optax_order=True, step=count)
-      return fg.unblock(fg.read(mu_read)), fg.unblock(fg.blocks), mu_new
+    leaves, (mu,) = folded_moments.update_moments(
+        updates, specs, [folded_moments.MomentUpdate(state.mu, beta, "mean", "mu")],
+        count=count, residual_scale=residual_scale, optax_order=True)
 
-    mu = quantized_state.stored_moments(state.mu, updates, signed=True, field="mu")
-    m, g, mu = moment.map_leaves(read, specs, updates, mu, outputs=3)
+    def read(lm, g):
+      """The momentum's read-back ``U m + c R`` and the gradient, whole.
+
+      In the momentum's dtype, as Optax's Muon orthogonalizes it (its
+      momentum is stored in that dtype): a bf16 read stays bf16; an 8-bit
+      momentum is read in the gradient's dtype.
+      """
+      fg, (previous,), (mu_read,) = lm.gradient, lm.previous, lm.unfolded
+      dtype = (g.dtype if isinstance(previous, quantize.QuantizedMoment)
+               else jnp.promote_types(previous.dtype, g.dtype))
+      return (fg.unblock(fg.read(mu_read, unfolded=True)).astype(dtype),
+              fg.unblock(fg.blocks).astype(dtype))
+
+    m, g = moment.map_leaves(
+        lambda _, lm, g: (lm, lm) if not isinstance(lm, folded_moments.LeafMoments)
+        else read(lm, g), specs, leaves, updates, outputs=2)
     # From here on, Optax's scale_by_muon on the read-back momentum, tree by
     # tree as Optax does it (so that level 0 is Optax's to the last bit).
     m_hat = moment.first_moment_hat(m, g, beta, count, nesterov)
@@ -235,7 +243,6 @@ def scale_by_folded_muon(
           lambda x, y: jnp.sum(x.conj() * y) * y, m_hat, new_updates)
     updates = jax.tree.map(lambda u, g: u.astype(g.dtype), new_updates,
                            updates)
-    return updates, FoldedMuonState(
-        count=count, mu=quantized_state.pack(mu), ns_coeffs=state.ns_coeffs)
+    return updates, FoldedMuonState(count=count, mu=mu, ns_coeffs=state.ns_coeffs)
 
   return optax.GradientTransformation(init_fn, update_fn)

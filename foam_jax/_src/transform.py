@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from foam_jax._src import folding
+from foam_jax._src import folded_moments
 from foam_jax._src import moment
 from foam_jax._src import placement
 from foam_jax._src import quantized_state
@@ -225,53 +225,41 @@ def scale_by_foam(
         return (scale * root_step * a) * m / den
       return (scale * root_step) * (a * m + b * g) / den
 
-    def read(spec, g, mu, nu):
-      """New moments and their reads ``M``, ``V`` (blocked view) for a leaf."""
-      compute = jnp.promote_types(g.dtype, jnp.float32)
-      real = moment.real_dtype(compute)  # Of the second moment.
-      geom = moment.geometry(spec, g.shape, mu.shape)
-      fg = moment.FoldedGradient(g, geom, compute_dtype=compute,
-                                 residual_scale=residual_scale,
-                                 count_dtype=real)
-      if second_moment == "mean_of_squares" or geom is None:
-        g_sq_mean = fg.mean_of_squares()
-      else:
-        g_sq_mean = folding.abs_sq(fg.mean)
-      # The update reads float moments as stored (rounded to mu_dtype/
-      # nu_dtype), as the authors' in-place PyTorch code does; 8-bit moments
-      # are read before requantization (moment.ema).
-      mu_max, nu_max = moment.gradient_maxima(fg.mean, geom, mu, nu)
-      mu_read, mu_new = moment.ema(mu, fg.mean, b1, compute, step=count,
-                                   optax_order=optax_form, target_max=mu_max)
-      nu_read, nu_new = moment.ema(nu, g_sq_mean, b2, real, step=count,
-                                   optax_order=optax_form, target_max=nu_max)
-      scale = 1.0 if geom is None else alpha
-      return (fg, fg.read(mu_read), fg.read_energy(nu_read), scale,
-              mu_new, nu_new)
+    mu_target = "mean"
+    nu_target = ("mean_of_squares" if second_moment == "mean_of_squares"
+                 else "square_of_mean")
+    leaves, (mu, nu) = folded_moments.update_moments(
+        updates, specs,
+        [folded_moments.MomentUpdate(state.mu, b1, mu_target, "mu"),
+         folded_moments.MomentUpdate(state.nu, b2, nu_target, "nu")],
+        count=count, residual_scale=residual_scale, optax_order=optax_form)
+    new_state = ScaleByFoamState(count=count, mu=mu, nu=nu)
 
-    def step_size_leaf(spec, g, mu, nu, scalars):
-      if moment.is_absent(g):
-        return g, mu, nu
-      fg, m, v, scale, mu_new, nu_new = read(spec, g, mu, nu)
-      u = fg.unblock(step_size_direction(m, v, fg.blocks, scale, scalars))
-      return u.astype(g.dtype), mu_new, nu_new
+    def reads(lm):
+      """``M``, ``V`` (blocked view) and the leaf's scale."""
+      fg = lm.gradient
+      mu_read, nu_read = lm.unfolded
+      return (fg.read(mu_read, unfolded=True), fg.read_energy(nu_read, unfolded=True),
+              1.0 if fg.geom is None else alpha)
 
-    def moments_leaf(spec, g, mu, nu):
-      if moment.is_absent(g):
-        return g, g, g, mu, nu
-      fg, m, v, scale, mu_new, nu_new = read(spec, g, mu, nu)
-      return fg.unblock(m), fg.unblock(v), scale, mu_new, nu_new
-
-    mu = quantized_state.stored_moments(state.mu, updates, signed=True, field="mu")
-    nu = quantized_state.stored_moments(state.nu, updates, signed=False, field="nu")
     if not optax_form:
       scalars = step_size_scalars()  # Once per step, shared by every leaf.
-      updates, mu, nu = moment.map_leaves(
-          lambda *leaf: step_size_leaf(*leaf, scalars), specs, updates, mu, nu, outputs=3)
-      return updates, ScaleByFoamState(
-          count=count, mu=quantized_state.pack(mu), nu=quantized_state.pack(nu))
-    m, v, scale, mu, nu = moment.map_leaves(
-        moments_leaf, specs, updates, mu, nu, outputs=5)
+
+      def step_size_leaf(lm, g):
+        m, v, scale = reads(lm)
+        fg = lm.gradient
+        u = fg.unblock(step_size_direction(m, v, fg.blocks, scale, scalars))
+        return u.astype(g.dtype)
+
+      return folded_moments.leaf_map(step_size_leaf, specs, leaves, updates), new_state
+
+    def moments_leaf(lm):
+      m, v, scale = reads(lm)
+      return lm.gradient.unblock(m), lm.gradient.unblock(v), scale
+
+    m, v, scale = moment.map_leaves(
+        lambda _, lm: ((lm,) * 3 if not isinstance(lm, folded_moments.LeafMoments)
+                       else moments_leaf(lm)), specs, leaves, outputs=3)
     # From here on optax.scale_by_adam on the reads, tree by tree as Optax
     # does it (its tree functions are jitted over the whole tree, so the
     # same calls give the same bits).
@@ -282,7 +270,6 @@ def scale_by_foam(
         lambda m, v, a, g: (a * (m / (jnp.sqrt(v + eps_root) + eps))
                             ).astype(g.dtype),
         m_hat, v_hat, scale, updates)
-    return updates, ScaleByFoamState(
-        count=count, mu=quantized_state.pack(mu), nu=quantized_state.pack(nu))
+    return updates, new_state
 
   return optax.GradientTransformation(init_fn, update_fn)

@@ -1,0 +1,214 @@
+"""The largest 7B-width LLaMA whose train step fits a chip, as its compiler says.
+
+For each chip with its memory (H100 SXM5 80 GB, TPU v5p 95 GB, TPU v6e 32 GB:
+``benchmarks.deviceless``, no device needed), each layout (one chip; eight
+chips as ``fsdp=8``; eight as ``fsdp=4, tp=2``, sharded as
+``examples/llama/sharding.py`` shards) and each optimizer (AdamW, FOAM with
+bf16 and with int8 moments, FOAM-Mini, Adafactor: the example's registry),
+it compiles the example's donated train step (forward, backward, update) of
+LLaMA-7B's width (hidden 4096, MLP 11008, 32 heads, vocabulary 32000, the
+preset's remat) with bf16 weights at 2 and 4 layers, reads the compiled peak
+per chip (``memory_analysis()``: arguments + outputs - aliased +
+temporaries), takes the peak as affine in the depth, and solves for the
+most layers whose peak is at most 0.9 of the chip's memory; one more
+compile at that depth checks it.
+
+The batch is 4 sequences of 2048 tokens per data-parallel shard (global
+``4 * fsdp``). Results go to ``benchmarks/results/compile/fit.json`` after
+every compile (resumable) and ``fit.md``::
+
+  python -m benchmarks.compile_fit --chips h100 v5p v6e
+  python -m benchmarks.compile_fit --render
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+import time
+from typing import Any
+
+from benchmarks import deviceless
+
+deviceless.configure_environment()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import AxisType  # noqa: E402
+
+from benchmarks import compile_report  # noqa: E402
+from benchmarks import grid  # noqa: E402
+from examples.llama import configs  # noqa: E402
+from examples.llama import sharding  # noqa: E402
+from examples.llama import state as state_lib  # noqa: E402
+from examples.llama import steps  # noqa: E402
+
+RESULTS = compile_report.RESULTS
+CHIPS = ("h100", "v5p", "v6e")
+LAYOUTS = {"1 chip": {"fsdp": 1, "tp": 1}, "fsdp=8": {"fsdp": 8, "tp": 1},
+           "fsdp=4, tp=2": {"fsdp": 4, "tp": 2}}
+OPTIMIZERS = ("adamw", "foam", "foam_int8", "foam_mini", "adafactor")
+BUDGET = 0.9
+BATCH_PER_SHARD, SEQ_LEN = 4, 2048
+DEPTHS = (2, 4)
+PRESET_LAYERS = 32  # LLaMA-7B's depth.
+# The solved depths checked by a full compile (minutes each, unrolled): one
+# chip, AdamW and FOAM; the other rows are affine only, and say so.
+CHECKED = {("1 chip", "adamw"), ("1 chip", "foam")}
+
+
+def mesh_for(chip: str, sizes: dict[str, int]) -> jax.sharding.Mesh:
+  """The example's ``(fsdp, tp)`` mesh over ``chip``'s compile-only devices."""
+  count = sizes["fsdp"] * sizes["tp"]
+  devices = np.array(deviceless.devices(chip, count), dtype=object)
+  return jax.sharding.Mesh(devices.reshape(sizes["fsdp"], sizes["tp"]), sharding.AXES,
+                           axis_types=(AxisType.Auto,) * len(sharding.AXES))
+
+
+def compiled_peak(chip: str, layout: str, optimizer: str, layers: int) -> dict[str, Any]:
+  """Compiles one train step and returns its per-chip memory counts."""
+  sizes = LAYOUTS[layout]
+  mesh = mesh_for(chip, sizes)
+  cfg = dataclasses.replace(configs.get_config("7b", num_layers=layers),
+                            param_dtype="bfloat16")
+  tx = grid.make_optimizer(optimizer, 1e-3, hidden_size=cfg.hidden_size)
+  graphdef, st = state_lib.abstract_state(cfg, tx)
+  shardings = sharding.variable_shardings(st, mesh)
+  batch = sizes["fsdp"] * BATCH_PER_SHARD
+  tokens = {k: jax.ShapeDtypeStruct((batch, SEQ_LEN), jnp.int32) for k in ("inputs", "targets")}
+  step = steps.make_train_step(graphdef, shardings, sharding.batch_sharding(mesh))
+  start = time.perf_counter()
+  with jax.set_mesh(mesh):
+    compiled = step.lower(st, tokens).compile()
+  counts = deviceless.counts(compiled)
+  return {"peak_bytes": counts["peak_bytes"], "temp_bytes": counts["temp_bytes"],
+          "argument_bytes": counts["argument_bytes"], "collectives": counts["collectives"],
+          "compile_s": round(time.perf_counter() - start, 1), "batch": batch,
+          "seq_len": SEQ_LEN}
+
+
+def solve(p2: dict[str, Any], p4: dict[str, Any], memory: int) -> dict[str, Any]:
+  """Most layers whose affine peak is within ``BUDGET`` of ``memory``."""
+  slope = (p4["peak_bytes"] - p2["peak_bytes"]) / (DEPTHS[1] - DEPTHS[0])
+  base = p2["peak_bytes"] - DEPTHS[0] * slope
+  layers = max(0, math.floor((BUDGET * memory - base) / slope)) if slope > 0 else None
+  return {"per_layer_bytes": slope, "base_bytes": base, "max_layers": layers,
+          "preset_peak_bytes": base + PRESET_LAYERS * slope}
+
+
+def run(chips, layouts, optimizers, path, log=print) -> dict[str, Any]:
+  data = compile_report.load(path)
+  data["info"] = {**compile_report.versions(), "command": " ".join(sys.argv)}
+  rows = {(r["chip"], r["layout"], r["optimizer"], r["layers"]): r for r in data["rows"]}
+
+  def measured(chip, layout, opt, layers):
+    key = (chip, layout, opt, layers)
+    if key not in rows:
+      row = {"chip": chip, "layout": layout, "optimizer": opt, "layers": layers}
+      try:
+        row.update(compiled_peak(chip, layout, opt, layers))
+      except Exception as e:  # a failed compile is a result to report
+        row["error"] = f"{type(e).__name__}: {e}"[:300]
+      data["rows"].append(row)
+      rows[key] = row
+      compile_report.save(data, path)
+      log(f"{chip} {layout} {opt} {layers} layers: "
+          + (row.get("error") or f"peak {row['peak_bytes'] / 2**30:.2f} GiB, "
+             f"{row['compile_s']} s"))
+    return rows[key]
+
+  for chip in chips:
+    for layout in layouts:
+      for opt in optimizers:
+        p2, p4 = (measured(chip, layout, opt, d) for d in DEPTHS)
+        if "error" in p2 or "error" in p4:
+          continue
+        fit = solve(p2, p4, deviceless.CHIPS[chip]["memory"])
+        if fit["max_layers"] and (layout, opt) in CHECKED:
+          measured(chip, layout, opt, fit["max_layers"])
+  return data
+
+
+def fits(data: dict[str, Any]) -> list[dict[str, Any]]:
+  """One row per chip, layout and optimizer: the solved depth and its check."""
+  rows = {(r["chip"], r["layout"], r["optimizer"], r["layers"]): r for r in data["rows"]}
+  out = []
+  for chip in CHIPS:
+    for layout in LAYOUTS:
+      for opt in OPTIMIZERS:
+        p2, p4 = rows.get((chip, layout, opt, DEPTHS[0])), rows.get((chip, layout, opt, DEPTHS[1]))
+        if not p2 or not p4:
+          continue
+        row = {"chip": chip, "layout": layout, "optimizer": opt}
+        if "error" in p2 or "error" in p4:
+          row["error"] = p2.get("error") or p4.get("error")
+          out.append(row)
+          continue
+        memory = deviceless.CHIPS[chip]["memory"]
+        row.update(solve(p2, p4, memory))
+        check = rows.get((chip, layout, opt, row["max_layers"]))
+        if check and "error" not in check:
+          row["checked_peak_bytes"] = check["peak_bytes"]
+          row["checked_within_budget"] = check["peak_bytes"] <= BUDGET * memory
+        out.append(row)
+  return out
+
+
+def render(data: dict[str, Any]) -> str:
+  gib = 2**30
+  lines = [
+      "# The largest 7B-width LLaMA whose train step fits one chip's memory",
+      "",
+      "The example's donated train step (forward, backward, update), LLaMA-7B's "
+      "width with bf16 weights and the preset's remat, compiled without a device "
+      "for each chip (`benchmarks/compile_fit.py`), "
+      f"{BATCH_PER_SHARD} x {SEQ_LEN} tokens per data-parallel shard. The compiled "
+      "peak per chip is affine in the depth: measured at 2 and 4 layers, solved for "
+      f"the most layers within {BUDGET:.0%} of the chip's memory; on one chip, AdamW's "
+      "and FOAM's depths are checked by compiling them (a check over budget means "
+      "the peak grows faster than affinely: temporaries). Counts from a compiler, "
+      "not a run on the chip.",
+      "",
+      "| chip | layout | optimizer | per layer (GiB) | base (GiB) | "
+      f"peak at {PRESET_LAYERS} layers (GiB) | most layers | checked peak (GiB) | "
+      "within budget |",
+      "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for row in fits(data):
+    if "error" in row:
+      lines.append(f"| {row['chip']} | {row['layout']} | {row['optimizer']} | "
+                   f"fails to compile: `{row['error'][:120]}` | | | | | |")
+      continue
+    checked = row.get("checked_peak_bytes")
+    lines.append(
+        f"| {row['chip']} | {row['layout']} | {row['optimizer']} | "
+        f"{row['per_layer_bytes'] / gib:.3f} | {row['base_bytes'] / gib:.2f} | "
+        f"{row['preset_peak_bytes'] / gib:.1f} | {row['max_layers']} | "
+        f"{'not checked' if checked is None else f'{checked / gib:.2f}'} | "
+        f"{row.get('checked_within_budget', '')} |")
+  lines += ["", "## Provenance", ""]
+  lines += [f"- {k}: {v}" for k, v in sorted(data.get("info", {}).items())]
+  lines.append("")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--chips", nargs="+", default=list(CHIPS), choices=list(CHIPS))
+  parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+  parser.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS))
+  parser.add_argument("--out", default=os.path.join(RESULTS, "fit.json"))
+  parser.add_argument("--render", action="store_true", help="only write the report")
+  args = parser.parse_args(argv)
+  if not args.render:
+    run(args.chips, args.layouts, args.optimizers, args.out)
+  with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+    f.write(render(compile_report.load(args.out)))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,231 @@
+r"""The folded-moment update, written once: FOAM's Adam, folded Muon and Lion.
+
+Each folded optimizer keeps exponential moving averages of the gradient in
+the folded space (:mod:`foam_jax._src.moment`). :func:`update_moments` is
+that step for a whole tree, as ``optax.tree.update_moment`` is for Optax:
+for every parameter it reads the stored moments (unpacking 8-bit ones),
+recovers the fold from the state (:func:`~foam_jax._src.moment.geometry`),
+sees the gradient through it (:class:`~foam_jax._src.moment.FoldedGradient`),
+updates each moment
+
+.. math:: \tilde m_t = \beta \tilde m_{t-1} + (1 - \beta) T(g_t),
+   \qquad T \in \{F(g),\ F(|g|^2),\ |F(g)|^2\},
+
+and packs the new moments into the state's layout. The optimizer then forms
+its update from what :class:`LeafMoments` hands it (the folded gradient, the
+moments before and after the step), with one choice everywhere: the compute
+dtype (float32 or wider), the step count that seeds 8-bit stochastic
+rounding (this step's, ``count + 1``), and the 8-bit block maxima of an
+unfolded leaf's targets, read from the gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from typing import Literal
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from foam_jax._src import folding
+from foam_jax._src import moment
+from foam_jax._src import quantize
+from foam_jax._src import quantized_state
+from foam_jax._src import specs as specs_lib
+
+__all__ = ["Target", "MomentUpdate", "LeafMoments", "update_moments"]
+
+Target = Literal["mean", "mean_of_squares", "square_of_mean"]
+
+
+class MomentUpdate(NamedTuple):
+  """One moment of the state and what it averages.
+
+  Attributes:
+    stored: the state's field (a tree like the params, or a
+      :class:`foam_jax.QuantizedMoments`).
+    decay: the EMA's decay :math:`\\beta`.
+    target: ``"mean"`` (:math:`F(g)`, a first moment), ``"mean_of_squares"``
+      (:math:`F(|g|^2)`) or ``"square_of_mean"`` (:math:`|F(g)|^2`); a leaf
+      that is not folded averages :math:`g` or :math:`|g|^2`.
+    field: the field's name, for messages (``"mu"``, ``"nu"``).
+  """
+
+  stored: Any
+  decay: Any
+  target: Target
+  field: str
+
+
+class LeafMoments(NamedTuple):
+  """One parameter's moments around a step, for its optimizer's update.
+
+  Attributes:
+    gradient: the gradient seen through the leaf's fold (compute dtype).
+    previous: the moments before the step, as stored (floats in their
+      storage dtype, 8-bit ones as
+      :class:`~foam_jax._src.quantize.QuantizedMoment` views).
+    read: the new moments as the update reads them, in the compute dtype
+      (a first moment's) or its real dtype (a second moment's): float
+      moments as stored, 8-bit ones before requantization.
+    stored: the new moments in their storage form.
+    unfolded: ``read`` broadcast into the blocked view (:math:`U \\tilde m`),
+      what the update reads (see :func:`_unfolded_read`).
+  """
+
+  gradient: moment.FoldedGradient
+  previous: tuple[Any, ...]
+  read: tuple[jax.Array, ...]
+  stored: tuple[Any, ...]
+  unfolded: tuple[jax.Array, ...]
+
+
+def _maxima(g: jax.Array, geom, moments: Sequence[MomentUpdate], previous) -> list[Any]:
+  """Each 8-bit moment's block maxima of its target, where the gradient gives them.
+
+  For a leaf that is not folded, one reduction of ``|g|`` gives the maxima
+  of ``g`` and of ``|g|^2`` (``(max |g|)^2``); folded targets are block
+  statistics, and ``None`` lets :func:`~foam_jax._src.moment.ema` reduce them.
+  """
+  first = next((p for m, p in zip(moments, previous) if m.target == "mean"), None)
+  second = next((p for m, p in zip(moments, previous) if m.target != "mean"), None)
+  top, top_sq = moment.gradient_maxima(g, geom, first, second)
+  return [top if m.target == "mean" else top_sq for m in moments]
+
+
+def _unfolded_read(fg: moment.FoldedGradient, m: MomentUpdate, previous: Any,
+                   read: jax.Array, dtype, optax_order: bool) -> jax.Array:
+  r""":math:`U \tilde m_t`, the new moment at full size, for the update to read.
+
+  By default the new folded moment broadcast. On GPUs (chosen at lowering,
+  ``jax.lax.platform_dependent``), an 8-bit moment's read, which is the
+  float32 EMA before requantization and so linear in its parts, is formed at
+  full size from its parts instead,
+
+  .. math:: U \tilde m_t = \beta\, U \tilde m_{t-1} + (1 - \beta)\, U T(g_t),
+
+  with :math:`U T(g_t)` from each block's own entries
+  (:meth:`~foam_jax._src.moment.FoldedGradient.shifted_means`): the update's
+  kernel reads the stored codes and the gradient it reads anyway, where the
+  folded float32 EMA would be written by one kernel and read back by the
+  next. The values are the same up to the order of the additions.
+  """
+  def broadcast(blocks):
+    return jnp.broadcast_to(fg.expand(read), blocks.shape)
+
+  if fg.geom is None:
+    return read
+  if (not isinstance(previous, quantize.QuantizedMoment) or not fg.has_shifted_form
+      or m.target == "mean"):
+    return broadcast(fg.blocks)
+
+  def from_parts(blocks):
+    del blocks
+    if m.target == "mean":
+      target = fg.shifted_means()
+    elif m.target == "mean_of_squares":
+      target = fg.shifted_means(square=True)
+    else:
+      target = folding.abs_sq(fg.shifted_means())
+    old = fg.expand(previous.astype(dtype))
+    if optax_order:
+      return (1.0 - m.decay) * target + m.decay * old
+    return m.decay * old + (1.0 - m.decay) * target
+
+  return jax.lax.platform_dependent(fg.blocks, cuda=from_parts, rocm=from_parts,
+                                    default=broadcast)
+
+
+def update_moments(
+    grads: Any,
+    specs: Any,
+    moments: Sequence[MomentUpdate],
+    *,
+    count: jax.Array,
+    residual_scale: Any = 1.0,
+    optax_order: bool = False,
+) -> tuple[Any, tuple[Any, ...]]:
+  """Updates folded moments for every parameter of a tree.
+
+  Args:
+    grads: the gradients (a tree like the params; ``None`` and
+      ``optax.MaskedNode`` leaves pass through).
+    specs: the resolved fold specs at ``update`` (the state decides the
+      fold; see :func:`~foam_jax._src.moment.geometry`).
+    moments: the state's moments and what each averages; every leaf is
+      folded as the first one's state is.
+    count: this step's count (the state's, incremented); seeds the
+      stochastic rounding of 8-bit moments.
+    residual_scale: ``c``, the weight of the residual in every read.
+    optax_order: write each EMA in ``optax.tree.update_moment``'s operand
+      order (:func:`~foam_jax._src.moment.ema`).
+
+  Returns:
+    ``(leaves, stored)``: a tree shaped like ``specs`` with one
+    :class:`LeafMoments` per parameter (absent parameters as they came),
+    and one new state field per moment, packed as the state keeps it.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax
+    >>> g = {"w": jnp.ones((8, 3))}
+    >>> specs = {"w": specs_lib.FoldSpec(axis=-2, level=2)}
+    >>> leaves, (mu,) = update_moments(
+    ...     g, specs, [MomentUpdate({"w": jnp.zeros((2, 3))}, 0.9, "mean", "mu")],
+    ...     count=jnp.array(1))
+    >>> mu["w"][0]  # (1 - 0.9) * the block mean 1.0
+    Array([0.1, 0.1, 0.1], dtype=float32)
+  """
+  unpacked = [quantized_state.stored_moments(m.stored, grads, signed=m.target == "mean",
+                                             field=m.field) for m in moments]
+
+  def leaf(spec, g, *previous):
+    if moment.is_absent(g):
+      return g
+    compute = jnp.promote_types(g.dtype, jnp.float32)
+    real = moment.real_dtype(compute)
+    geom = moment.geometry(spec, g.shape, previous[0].shape)
+    fg = moment.FoldedGradient(g, geom, compute_dtype=compute,
+                               residual_scale=residual_scale, count_dtype=real)
+    maxima = _maxima(fg.mean, geom, moments, previous)
+    reads, news, unfolded = [], [], []
+    for m, old, top in zip(moments, previous, maxima):
+      if m.target == "mean":
+        target, dtype = fg.mean, compute
+      elif m.target == "mean_of_squares" or geom is None:
+        target, dtype = fg.mean_of_squares(), real
+      else:
+        target, dtype = folding.abs_sq(fg.mean), real
+      read, new = moment.ema(old, target, m.decay, dtype, step=count,
+                             optax_order=optax_order, target_max=top,
+                             separate=geom is not None)
+      reads.append(read)
+      news.append(new)
+      unfolded.append(_unfolded_read(fg, m, old, read, dtype, optax_order))
+    return LeafMoments(fg, tuple(previous), tuple(reads), tuple(news), tuple(unfolded))
+
+  leaves = jax.tree.map(leaf, specs, grads, *unpacked, is_leaf=specs_lib.is_spec_leaf)
+  stored = tuple(
+      quantized_state.pack(jax.tree.map(
+          lambda _, lm, i=i: lm.stored[i] if isinstance(lm, LeafMoments) else lm,
+          specs, leaves, is_leaf=specs_lib.is_spec_leaf))
+      for i in range(len(moments)))
+  return leaves, stored
+
+
+def leaf_map(fn, specs: Any, leaves: Any, *trees: Any) -> Any:
+  """``fn(leaf_moments, *xs)`` per parameter; absent parameters pass through.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> leaf_map(lambda lm: lm, {"w": None}, {"w": None})
+    {'w': None}
+  """
+  def one(_, lm, *xs):
+    if not isinstance(lm, LeafMoments):
+      return lm
+    return fn(lm, *xs)
+
+  return jax.tree.map(one, specs, leaves, *trees, is_leaf=specs_lib.is_spec_leaf)
+

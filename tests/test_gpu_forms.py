@@ -1,0 +1,84 @@
+"""The GPU forms of the update, run on the CPU against the float64 references.
+
+On GPUs the update takes other forms of the same values, chosen at lowering
+with ``jax.lax.platform_dependent``: the residual's block mean summed from
+each block's own entries (``folding.shifted_block_sums``) and folded float
+moments read back as stored through an ``optimization_barrier``. On a CPU
+the lowering takes the default branch, so these tests make
+``platform_dependent`` take the ``cuda`` branch and rerun the float64
+reference tests (and int8's) through it.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import test_folded_optimizers
+import test_quantize
+import test_transform
+
+from foam_jax._src import folding
+
+
+@pytest.fixture
+def gpu_branches(monkeypatch):
+  """``jax.lax.platform_dependent`` takes the ``cuda`` branch; counts the calls."""
+  taken = []
+
+  def as_on_gpu(*args, default=None, **branches):
+    taken.append("cuda" in branches)
+    return branches.get("cuda", default)(*args)
+
+  monkeypatch.setattr(jax.lax, "platform_dependent", as_on_gpu)
+  return taken
+
+
+@pytest.mark.parametrize("k", [2, 4, 8, 16])
+@pytest.mark.parametrize("n", [16, 13])
+def test_shifted_block_sums_are_each_entrys_block_sum(k, n):
+  level = k.bit_length() - 1
+  k = folding.block_size(n, level)  # The whole axis where it is shorter than a block.
+  rng = np.random.default_rng(k + n)
+  x = rng.standard_normal((n, 5)).astype(np.float32)
+  padded = np.concatenate([x, np.zeros((-n % k, 5), np.float32)]).astype(np.float64)
+  expected = np.repeat(padded.reshape(-1, k, 5).sum(axis=1, keepdims=True), k, axis=1)
+  got = folding.shifted_block_sums(folding.to_blocks(jnp.asarray(x), 0, level), 0)
+  np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_foam_on_gpu_branches_matches_float64_reference(gpu_branches):
+  test_transform.test_foam_matches_float64_reference_default_policy()
+  assert any(gpu_branches)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_eps_root_and_nesterov_on_gpu_branches(gpu_branches, nesterov):
+  test_transform.test_eps_root_and_nesterov_match_float64_reference(nesterov)
+  assert any(gpu_branches)
+
+
+@pytest.mark.parametrize("second_moment", ["mean_of_squares", "square_of_mean"])
+def test_complex_params_on_gpu_branches(gpu_branches, second_moment):
+  test_transform.test_complex_params_match_float64_reference(second_moment)
+  assert any(gpu_branches)
+
+
+def test_low_precision_states_on_gpu_branches(gpu_branches):
+  test_transform.test_low_precision_states_track_float32_states()
+  assert any(gpu_branches)
+
+
+def test_foam_lion_on_gpu_branches_matches_float64_reference(gpu_branches):
+  test_folded_optimizers.test_foam_lion_matches_float64_reference()
+  assert any(gpu_branches)
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_foam_muon_on_gpu_branches_matches_float64_reference(gpu_branches, nesterov):
+  test_folded_optimizers.test_foam_muon_matches_float64_reference(nesterov)
+  assert any(gpu_branches)
+
+
+def test_int8_on_gpu_branches_reads_and_stores_within_the_code_error(gpu_branches):
+  test_quantize.test_update_reads_the_new_moments_and_stores_them_within_the_code_error()
+  assert any(gpu_branches)
