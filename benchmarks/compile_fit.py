@@ -31,21 +31,18 @@ import sys
 import time
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType
+
+from benchmarks import compile_report
 from benchmarks import deviceless
-
-deviceless.configure_environment()
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import AxisType  # noqa: E402
-
-from benchmarks import compile_report  # noqa: E402
-from benchmarks import grid  # noqa: E402
-from examples.llama import configs  # noqa: E402
-from examples.llama import sharding  # noqa: E402
-from examples.llama import state as state_lib  # noqa: E402
-from examples.llama import steps  # noqa: E402
+from benchmarks import grid
+from examples.llama import configs
+from examples.llama import sharding
+from examples.llama import state as state_lib
+from examples.llama import steps
 
 RESULTS = compile_report.RESULTS
 CHIPS = ("h100", "v5p", "v6e")
@@ -204,6 +201,7 @@ def main(argv=None) -> None:
   parser.add_argument("--out", default=os.path.join(RESULTS, "fit.json"))
   parser.add_argument("--render", action="store_true", help="only write the report")
   args = parser.parse_args(argv)
+  deviceless.configure_environment()  # Before JAX starts its backends.
   if not args.render:
     run(args.chips, args.layouts, args.optimizers, args.out)
   with open(os.path.splitext(args.out)[0] + ".md", "w") as f:

@@ -110,6 +110,8 @@ def render_updates(data: dict[str, Any]) -> str:
         continue
       lines += [f"## {deviceless.CHIPS[chip]['label']}, {dtype} weights", "",
                 *per_leaf(rows, chip, dtype), ""]
+  if data.get("omitted"):
+    lines += ["## Left out", ""] + [f"- {x}" for x in data["omitted"]] + [""]
   errors = [r for r in rows if "error" in r]
   if errors:
     lines += ["## Compiles that failed", ""]

@@ -8,8 +8,8 @@
 #   OUT=/some/dir bash benchmarks/gpu.sh          # on the GPU machine
 #   OUT=/tmp/gpu_smoke bash benchmarks/gpu.sh --tiny   # CPU smoke test
 #
-# $OUT receives at most five files: gpu_log.txt, the two step-time reports
-# (step_time_layouts_gpu.md, step_time_gpu.md), device_peaks.jsonl and
+# $OUT receives at most six files: gpu_log.txt, the three timing reports
+# (step_time_layouts_gpu.md, step_time_gpu.md, update_time_gpu.md), device_peaks.jsonl and
 # gpu_results.tgz (everything, the JSON, memory and convergence reports
 # included). The pieces work in $WORK (default: a fresh temporary folder).
 # The Python used is $PYTHON, else the first of `python`, `python3` and
@@ -27,7 +27,9 @@
 #   4. real peak bytes in use of 60M train steps (3 processes x 30)     90
 #   5. LLaMA-60M (bytes) on this machine's CPython stdlib corpus, AdamW
 #      vs FOAM at their best lrs of the CPU horizon study's longest tiny
-#      horizon, as many steps as fit 40 s of training (horizon_gpu.py)  90
+#      horizon, as many steps as fit 30 s of training (horizon_gpu.py)  60
+#   6. the compile report's update step timed on this GPU, beside the
+#      bytes its compiler counts (update_time.py; update_time_gpu.md)   30
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/foam_gpu_out}"
@@ -79,6 +81,7 @@ if (( TINY )); then
   PEAK_CONFIGS=("tiny:adamw" "tiny:foam")
   PEAK_ARGS=(--quick)
   CONV_ARGS=(--quick --seconds 4)
+  UPDATE_ARGS=(--repeats 2 --inner 1 --warmup 1 --dtypes float32)
 else
   LAYOUT_ARGS=(--sizes 50m,100m --dtypes float32,bfloat16 --optimizers "$LAYOUTS"
                --repeats 40 --inner 5 --warmup 3)
@@ -90,7 +93,8 @@ else
             --optimizers adamw adafactor lion foam foam_mini --widths 7b)
   PEAK_CONFIGS=("60m:adamw" "60m:foam" "60m:foam_mini")
   PEAK_ARGS=(--batch 8 --seq-len 256)
-  CONV_ARGS=(--seconds 40)
+  CONV_ARGS=(--seconds 30)
+  UPDATE_ARGS=(--repeats 20 --inner 10 --warmup 3)
 fi
 
 say "1. step time of every layout"
@@ -112,8 +116,12 @@ done
 pack
 
 say "5. convergence: AdamW vs FOAM at 60m on this machine's stdlib corpus"
-run_piece 90 convergence "$PY" -m benchmarks.horizon_gpu "${CONV_ARGS[@]}" \
+run_piece 60 convergence "$PY" -m benchmarks.horizon_gpu "${CONV_ARGS[@]}" \
   --out "$WORK/horizon_gpu"
+
+say "6. the update step timed, beside its compiler's bytes"
+run_piece 30 "update time" "$PY" -m benchmarks.update_time "${UPDATE_ARGS[@]}" \
+  --out "$WORK/update_time_gpu.md"
 
 say "done"
 ls -R "$WORK" >> "$LOG"

@@ -72,8 +72,13 @@ def test_fold_axis_minus_one_moves_no_more_than_adamw(shape):
           <= _bytes(optax.adamw(1e-3), shape, dtype)["bytes_accessed"])
 
 
+@pytest.mark.parametrize("make", [
+    lambda: foam_jax.foam(1e-3),
+    lambda: foam_jax.foam(1e-3, mu_dtype=jnp.int8, nu_dtype=jnp.int8),
+    lambda: foam_jax.foam_lion(1e-3),
+], ids=["foam", "foam_int8", "foam_lion"])
 @pytest.mark.parametrize("mesh_shape", [{"fsdp": 8, "tp": 1}, {"fsdp": 4, "tp": 2}])
-def test_the_sharded_update_has_no_collectives(mesh_shape):
+def test_the_sharded_update_has_no_collectives(mesh_shape, make):
   import numpy as np
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
@@ -84,12 +89,8 @@ def test_the_sharded_update_has_no_collectives(mesh_shape):
   sharding = NamedSharding(mesh, P("fsdp", "tp"))  # The example's MLP kernel.
   params = {"up_proj": {"kernel": jax.ShapeDtypeStruct((4096, 11008), jnp.bfloat16,
                                                         sharding=sharding)}}
-  tx = foam_jax.foam(1e-3)
-  state = jax.eval_shape(tx.init, params)
-  state = jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(
-          x.shape, x.dtype,
-          sharding=sharding if x.ndim == 2 else NamedSharding(mesh, P())), state)
+  tx = make()
+  state = foam_jax.sharding.abstract_state(tx, params)  # Each leaf sharded like its param.
 
   def step(p, s, g):
     u, s2 = tx.update(g, s, p)

@@ -100,8 +100,18 @@ def zeros_like_placed(shape, dtype, leaf: Any) -> jax.Array:
   if sharding is None or not _placeable(sharding):
     return jnp.zeros(shape, dtype)
   if isinstance(leaf, jax.core.Tracer) and isinstance(sharding, NamedSharding):
-    return jnp.zeros(shape, dtype, out_sharding=sharding)
+    return _traced_zeros(shape, dtype, sharding)
   return jnp.zeros(shape, dtype, device=sharding)
+
+
+def _traced_zeros(shape, dtype, sharding: NamedSharding) -> jax.Array:
+  """Zeros with an explicit-axes ``sharding`` while tracing (``jit``, ``eval_shape``).
+
+  ``jax.sharding.reshard`` keeps the sharding outside a mesh context, where
+  ``jnp.zeros(..., out_sharding=...)`` drops it on jax 0.12 (so
+  ``jax.eval_shape(tx.init, abstract_params)`` would lose the layout).
+  """
+  return jax.sharding.reshard(jnp.zeros(shape, dtype), sharding)
 
 
 def _placeable(sharding: Any) -> bool:
@@ -126,7 +136,7 @@ def replicated_zeros(shape, dtype, params: Any) -> jax.Array:
     if isinstance(sharding, NamedSharding):
       sharding = NamedSharding(sharding.mesh, PartitionSpec())
     if isinstance(leaf, jax.core.Tracer) and isinstance(sharding, NamedSharding):
-      return jnp.zeros(shape, dtype, out_sharding=sharding)
+      return _traced_zeros(shape, dtype, sharding)
     return jnp.zeros(shape, dtype, device=sharding)
   return jnp.zeros(shape, dtype)
 
