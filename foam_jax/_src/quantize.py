@@ -323,8 +323,14 @@ def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None, *,
   scale = jnp.where(scale < tiny, 0.0, jnp.minimum(scale, big))  # Zero, denormal.
   # The loop over entries reads 1 / scale only (0 for a zero block): one
   # value per block, computed once (a divide XLA does not recompute per entry).
-  inv = 1.0 / jnp.where(scale > 0, scale, np.float32(np.inf))
-  ratio = jnp.minimum(mag * inv, 1.0)
+  # Above 2^64 both sides are scaled by 2^-64 first (exact): 1 / scale is a
+  # denormal above 1 / tiny (about 8.5e37), which backends may flush to zero,
+  # and every code of the block would read zero.
+  pre = jnp.where(scale > np.float32(2.0**64), np.float32(2.0**-64), np.float32(1.0))
+  inv = 1.0 / jnp.where(scale > 0, scale * pre, np.float32(np.inf))
+  ratio = jnp.minimum((mag * pre) * inv, 1.0)
+  if not signed:  # Zero-free: a positive entry too small for the block keeps code 1.
+    ratio = jnp.where((mag > 0) & (ratio < tiny), tiny, ratio)
   if signed:
     mant_bits, top = float_code.MANT_MU, float_code.TOP_MU
   else:
