@@ -236,7 +236,8 @@ def scale_by_shape(weight_dimension_numbers: Any = None,
   def scale(u, dims):
     fan_in, fan_out = _fans(u, dims)
     if consistent_rms is None:
-      return jnp.sqrt(jnp.maximum(1, fan_out / fan_in)) * u
+      # An empty matrix (fan_in 0) has nothing to scale.
+      return jnp.sqrt(jnp.maximum(1, fan_out / max(fan_in, 1))) * u
     return jnp.sqrt(jnp.maximum(fan_in, fan_out)) * consistent_rms * u
 
   def update_fn(updates, state, params=None):

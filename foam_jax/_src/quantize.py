@@ -262,7 +262,8 @@ def _blocked(x: jax.Array, block: int) -> jax.Array:
 
 
 def _unblocked(x: jax.Array, n: int) -> jax.Array:
-  return x.reshape(x.shape[:-2] + (-1,))[..., :n]
+  # Sizes spelled out: a reshape with -1 cannot infer it for an empty array.
+  return x.reshape(x.shape[:-2] + (x.shape[-2] * x.shape[-1],))[..., :n]
 
 
 def block_max(x: jax.Array, block: int, *, nonnegative: bool = False
@@ -374,7 +375,7 @@ def dequantize(q: QuantizedMoment) -> jax.Array:
   codes = q.codes.reshape(shape or (1,))
   n = codes.shape[-1]
   block = q.block
-  scales = q.scales.reshape(codes.shape[:-1] + (-1,))
+  scales = q.scales.reshape(codes.shape[:-1] + (q.scales.shape[-1] if q.scales.ndim else 1,))
   # Each scale broadcast over its block: a reshape, no gather.
   cb = _blocked(codes.astype(jnp.int32), block)
   s = scales[..., None]
