@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 
@@ -34,6 +35,34 @@ PARAMS = {"layer": {"kernel": jnp.zeros((8, 4)), "bias": jnp.zeros(4)}, "scale":
 def test_bad_hyperparameters_raise_at_construction(kwargs, error, match):
   with pytest.raises(error, match=match):
     foam_jax.foam(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "make,error,match",
+    [
+        (lambda: foam_jax.foam(float("inf")), ValueError, "learning_rate must be finite"),
+        (lambda: foam_jax.foam(1e-3, eps=float("inf")), ValueError, "eps must be finite"),
+        (lambda: foam_jax.foam(1e-3, nesterov="yes"), TypeError, "nesterov must be a bool"),
+        (lambda: foam_jax.foam_muon(1e-3, beta=1.0), ValueError, "beta must be < 1.0"),
+        (lambda: foam_jax.scale_by_folded_muon(beta=1.0), ValueError, "beta must be < 1.0"),
+        (lambda: foam_jax.foam_muon(1e-3, ns_steps=0), ValueError, "ns_steps must be >= 1"),
+        (lambda: foam_jax.foam_muon(1e-3, ns_steps=-1), ValueError, "ns_steps must be >= 1"),
+        (lambda: foam_jax.foam_muon(1e-3, ns_steps=2.5), TypeError, "ns_steps must be an int"),
+        (lambda: foam_jax.foam_muon(1e-3, nesterov="yes"), TypeError, "nesterov"),
+        (lambda: foam_jax.foam_muon(1e-3, adam_learning_rate=-1), ValueError,
+         "adam_learning_rate"),
+        (lambda: foam_jax.foam_muon(1e-3, adam_b1=1.5), ValueError, "adam_b1"),
+        (lambda: foam_jax.foam_muon(1e-3, adam_b2=-0.1), ValueError, "adam_b2"),
+    ],
+)
+def test_arguments_that_passed_or_failed_late_raise_at_construction(make, error, match):
+  with pytest.raises(error, match=match):
+    make()
+
+
+def test_a_numpy_integer_level_works_as_its_int():
+  state = foam_jax.foam(1e-3, fold_level=np.int64(2)).init(PARAMS)
+  assert state[0].mu["layer"]["kernel"].shape == (2, 4)
 
 
 def test_schedules_and_arrays_are_accepted():
@@ -102,3 +131,12 @@ def test_paper_schedule_arguments():
     foam_jax.paper_schedule(1e-2, 0)
   with pytest.raises(ValueError, match="warmup_fraction"):
     foam_jax.paper_schedule(1e-2, 100, warmup_fraction=1.5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.bool_])
+@pytest.mark.parametrize("make", [lambda: foam_jax.foam(1e-3), lambda: foam_jax.foam_lion(1e-3),
+                                  lambda: foam_jax.foam_muon(1e-3)])
+def test_integer_or_bool_weights_name_their_path(make, dtype):
+  params = {"layer": {"kernel": jnp.zeros((8, 4)), "index": jnp.zeros((8, 4), dtype)}}
+  with pytest.raises(TypeError, match=r"\['layer'\]\['index'\].*" + jnp.dtype(dtype).name):
+    make().init(params)

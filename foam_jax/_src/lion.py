@@ -119,6 +119,7 @@ def scale_by_folded_lion(
     return jnp.where(jnp.abs(x) < 1.0, x, jnp.sign(x))
 
   def init_fn(params):
+    _validation.check_inexact_leaves(params)
     specs = specs_lib.resolve_fold_specs(params, fold_spec, fold_level)
     (mu,) = moment.map_leaves(
         lambda spec, p: (moment.zeros(spec, p, mu_dtype),), specs, params,

@@ -167,7 +167,7 @@ def scale_by_folded_muon(
     Wen et al., `FOAM: Blocked State Folding for Memory-Efficient LLM
     Training <https://arxiv.org/abs/2512.07112>`_, 2025.
   """
-  _validation.check_number("beta", beta, low=0.0, high=1.0)
+  _validation.check_number("beta", beta, low=0.0, high=1.0, high_inclusive=False)
   _validation.check_number("eps", eps, low=0.0)
   fold_level = _validation.fold_level_or_default(fold_level)
   _validation.check_number("residual_scale", residual_scale, low=0.0)
@@ -179,6 +179,7 @@ def scale_by_folded_muon(
   mu_dtype = _validation.storage_dtype("mu_dtype", mu_dtype)
 
   def init_fn(params):
+    _validation.check_inexact_leaves(params)
     specs = specs_lib.resolve_fold_specs(params, fold_spec, fold_level)
     (mu,) = moment.map_leaves(
         lambda spec, p: (moment.zeros(spec, p, mu_dtype),), specs, params,

@@ -138,6 +138,17 @@ def foam_muon(
                       ("weight_decay", weight_decay),
                       ("adam_weight_decay", adam_weight_decay)):
     _validation.check_number(name, value, low=0.0, allow_callable=True)
+  if adam_learning_rate is not None:
+    _validation.check_number("adam_learning_rate", adam_learning_rate, low=0.0,
+                             allow_callable=True)
+  _validation.check_number("beta", beta, low=0.0, high=1.0, high_inclusive=False)
+  _validation.check_count("ns_steps", ns_steps)
+  _validation.check_bool("nesterov", nesterov)
+  for name, value in (("adam_b1", adam_b1), ("adam_b2", adam_b2)):
+    _validation.check_number(name, value, low=0.0, high=1.0, high_inclusive=False)
+  for name, value in (("eps", eps), ("adam_eps_root", adam_eps_root), ("alpha", alpha),
+                      ("residual_scale", residual_scale)):
+    _validation.check_number(name, value, low=0.0)
   if adam_learning_rate is None:
     adam_learning_rate = learning_rate
   if isinstance(ns_coeffs, str):

@@ -173,6 +173,7 @@ def scale_by_foam(
   b1, b2, eps, eps_root, alpha, residual_scale = _validation.adam_hyperparameters(
       b1, b2, eps, eps_root, alpha, residual_scale)
   fold_level = _validation.fold_level_or_default(fold_level)
+  _validation.check_bool("nesterov", nesterov)
   _validation.check_choice("second_moment", second_moment, _SECOND_MOMENTS)
   _validation.check_choice("bias_correction", bias_correction, _BIAS_CORRECTIONS)
   mu_dtype = _validation.storage_dtype("mu_dtype", mu_dtype)
@@ -181,6 +182,7 @@ def scale_by_foam(
   optax_form = bias_correction == "moments"
 
   def init_fn(params):
+    _validation.check_inexact_leaves(params)
     specs = specs_lib.resolve_fold_specs(params, fold_spec, fold_level)
 
     def moments(spec, p):

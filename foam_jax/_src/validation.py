@@ -88,6 +88,8 @@ def check_number(
     return
   if number != number:
     raise ValueError(f"{name} must not be NaN.")
+  if number in (float("inf"), float("-inf")):
+    raise ValueError(f"{name} must be finite, got {number}.")
   if low is not None and number < low:
     raise ValueError(f"{name} must be >= {low}, got {number}.")
   if high is not None:
@@ -161,15 +163,38 @@ def fold_level_or_default(value: Any) -> int | str:
   if isinstance(value, str) and value == folding.WHOLE_AXIS:
     return value
   check_level("fold_level", value)
-  return value
+  return int(value)  # A NumPy integer works as the Python int it equals.
+
+
+def check_bool(name: str, value: Any) -> None:
+  """Raises ``TypeError`` unless ``value`` is a ``bool`` (NumPy's included)."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"{name} must be a bool, got {value!r}.")
+
+
+def check_count(name: str, value: Any, *, low: int = 1) -> None:
+  """Raises unless ``value`` is an integer of at least ``low``.
+
+  A Python or NumPy ``int``, or an integer array (``optax.inject_hyperparams``
+  passes one, traced: its value is checked when it is known).
+  """
+  if isinstance(value, (jax.Array, np.ndarray)) and jnp.issubdtype(value.dtype, jnp.integer):
+    number = concrete_number(value)
+    if number is not None and number < low:
+      raise ValueError(f"{name} must be >= {low}, got {int(number)}.")
+    return
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    raise TypeError(f"{name} must be an int, got {value!r}.")
+  if value < low:
+    raise ValueError(f"{name} must be >= {low}, got {value}.")
 
 
 def adam_hyperparameters(b1, b2, eps, eps_root, alpha, residual_scale) -> tuple:
   """Checks a folded Adam's hyperparameters; returns them with real parts.
 
   Raises:
-    ValueError: ``b1``/``b2`` outside ``[0, 1)``; a negative ``eps``,
-      ``eps_root``, ``alpha`` or ``residual_scale``.
+    ValueError: ``b1``/``b2`` outside ``[0, 1)``; a negative or infinite
+      ``eps``, ``eps_root``, ``alpha`` or ``residual_scale``.
   """
   check_number("b1", b1, low=0.0, high=1.0, high_inclusive=False)
   check_number("b2", b2, low=0.0, high=1.0, high_inclusive=False)
@@ -178,3 +203,23 @@ def adam_hyperparameters(b1, b2, eps, eps_root, alpha, residual_scale) -> tuple:
   check_number("alpha", alpha, low=0.0)
   check_number("residual_scale", residual_scale, low=0.0)
   return tuple(map(real_part, (b1, b2, eps, eps_root, alpha, residual_scale)))
+
+
+def check_inexact_leaves(params: Any) -> None:
+  """Raises ``TypeError`` naming the first parameter that is not a float or complex.
+
+  Moments of integer or bool weights are not defined (``optax.adam`` fails
+  on them too, without saying where).
+  """
+  absent = lambda x: x is None or type(x).__name__ == "MaskedNode"
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params, is_leaf=absent)[0]:
+    dtype = getattr(leaf, "dtype", None)
+    if absent(leaf) or dtype is None:
+      continue
+    if not jnp.issubdtype(dtype, jnp.inexact):
+      raise TypeError(
+          f"The parameter at {jax.tree_util.keystr(path)} has dtype "
+          f"{jnp.dtype(dtype).name}: optimizer moments need floating or complex "
+          "parameters (train integer or bool leaves with another optimizer, e.g. "
+          "optax.set_to_zero() under optax.partition, or keep them out of the "
+          "optimized tree).")
