@@ -31,18 +31,24 @@ import sys
 import time
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from jax.sharding import AxisType
-
-from benchmarks import compile_report
 from benchmarks import deviceless
-from benchmarks import grid
-from examples.llama import configs
-from examples.llama import sharding
-from examples.llama import state as state_lib
-from examples.llama import steps
+
+# Before anything starts JAX's backends (examples.llama does at import): the
+# CUDA plugin must not look for a GPU.
+deviceless.configure_environment()
+
+# isort: split
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import AxisType  # noqa: E402
+
+from benchmarks import compile_report  # noqa: E402
+from benchmarks import grid  # noqa: E402
+from examples.llama import configs  # noqa: E402
+from examples.llama import sharding  # noqa: E402
+from examples.llama import state as state_lib  # noqa: E402
+from examples.llama import steps  # noqa: E402
 
 RESULTS = compile_report.RESULTS
 CHIPS = ("h100", "v5p", "v6e")
@@ -155,6 +161,16 @@ def fits(data: dict[str, Any]) -> list[dict[str, Any]]:
   return out
 
 
+def params_at(layers: int) -> int:
+  """Parameters of the 7B-width LLaMA at ``layers`` (affine in the depth)."""
+  from benchmarks import common  # noqa: PLC0415
+  from benchmarks import memory  # noqa: PLC0415
+
+  at = [common.tree_size(memory.abstract_params(memory.llama_config("7b", num_layers=d)))
+        for d in (1, 2)]
+  return at[0] + (layers - 1) * (at[1] - at[0])
+
+
 def render(data: dict[str, Any]) -> str:
   gib = 2**30
   lines = [
@@ -171,22 +187,29 @@ def render(data: dict[str, Any]) -> str:
       "not a run on the chip.",
       "",
       "| chip | layout | optimizer | per layer (GiB) | base (GiB) | "
-      f"peak at {PRESET_LAYERS} layers (GiB) | most layers | checked peak (GiB) | "
-      "within budget |",
-      "|---|---|---|---|---|---|---|---|---|",
+      f"peak at {PRESET_LAYERS} layers (GiB) | most layers | params there | "
+      "checked peak (GiB) | within budget |",
+      "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for row in fits(data):
     if "error" in row:
       lines.append(f"| {row['chip']} | {row['layout']} | {row['optimizer']} | "
-                   f"fails to compile: `{row['error'][:120]}` | | | | | |")
+                   f"fails to compile: `{row['error'][:120]}` | | | | | | |")
       continue
     checked = row.get("checked_peak_bytes")
     lines.append(
         f"| {row['chip']} | {row['layout']} | {row['optimizer']} | "
         f"{row['per_layer_bytes'] / gib:.3f} | {row['base_bytes'] / gib:.2f} | "
         f"{row['preset_peak_bytes'] / gib:.1f} | {row['max_layers']} | "
+        f"{params_at(row['max_layers']) / 1e9:.2f}B | "
         f"{'not checked' if checked is None else f'{checked / gib:.2f}'} | "
         f"{row.get('checked_within_budget', '')} |")
+  done = {(r["chip"], r["layout"], r["optimizer"]) for r in fits(data)}
+  missing = [f"{c}, {lay}, {o}" for c in CHIPS for lay in LAYOUTS for o in OPTIMIZERS
+             if (c, lay, o) not in done]
+  if missing:
+    lines += ["", "Not compiled yet (the run is resumable: `python -m benchmarks.compile_fit` "
+              "goes on where it stopped): " + "; ".join(missing) + "."]
   lines += ["", "## Provenance", ""]
   lines += [f"- {k}: {v}" for k, v in sorted(data.get("info", {}).items())]
   lines.append("")
@@ -201,7 +224,6 @@ def main(argv=None) -> None:
   parser.add_argument("--out", default=os.path.join(RESULTS, "fit.json"))
   parser.add_argument("--render", action="store_true", help="only write the report")
   args = parser.parse_args(argv)
-  deviceless.configure_environment()  # Before JAX starts its backends.
   if not args.render:
     run(args.chips, args.layouts, args.optimizers, args.out)
   with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
