@@ -35,7 +35,8 @@ from foam_jax._src import quantize
 from foam_jax._src import quantized_state
 from foam_jax._src import specs as specs_lib
 
-__all__ = ["Target", "MomentUpdate", "LeafMoments", "update_moments"]
+__all__ = ["Target", "MomentUpdate", "LeafMoments", "ema", "gradient_maxima",
+           "update_moments"]
 
 Target = Literal["mean", "mean_of_squares", "square_of_mean"]
 
@@ -87,12 +88,105 @@ def _maxima(g: jax.Array, geom, moments: Sequence[MomentUpdate], previous) -> li
 
   For a leaf that is not folded, one reduction of ``|g|`` gives the maxima
   of ``g`` and of ``|g|^2`` (``(max |g|)^2``); folded targets are block
-  statistics, and ``None`` lets :func:`~foam_jax._src.moment.ema` reduce them.
+  statistics, and ``None`` lets :func:`ema` reduce them.
   """
   first = next((p for m, p in zip(moments, previous) if m.target == "mean"), None)
   second = next((p for m, p in zip(moments, previous) if m.target != "mean"), None)
-  top, top_sq = moment.gradient_maxima(g, geom, first, second)
+  top, top_sq = gradient_maxima(g, geom, first, second)
   return [top if m.target == "mean" else top_sq for m in moments]
+
+
+def ema(moment: jax.Array | quantize.QuantizedMoment, target: jax.Array,
+        decay: Any, compute_dtype=None, *, optax_order: bool = False,
+        step: Any = None, target_max: jax.Array | None = None,
+        separate: bool = False) -> tuple[jax.Array, Any]:
+  r"""``decay * moment + (1 - decay) * target``: the moment to read and to store.
+
+  A float moment is rounded to its storage dtype, and the update reads it
+  back as stored (so that XLA can overwrite a low-precision state in place,
+  as the authors' in-place PyTorch code does). An 8-bit moment
+  (:class:`~foam_jax._src.quantize.QuantizedMoment`) is dequantized, updated
+  in float32 and requantized, and the update reads the float32 value (as
+  bitsandbytes' 8-bit optimizers do). The new block scales are
+
+  .. math:: s' = \beta s + (1 - \beta) \max_{\text{block}} |t|
+            \ \ge\ \max_{\text{block}} |\beta m + (1 - \beta) t|,
+
+  a bound that needs the target's block maxima only, not a second pass over
+  the new moment.
+
+  Args:
+    moment: the stored (folded) moment.
+    target: what it averages: ``F(g)``, ``F(|g|^2)``, in the folded shape.
+    decay: the EMA's decay rate.
+    compute_dtype: dtype the stored moment is read in (default: its own).
+    optax_order: write it ``(1 - decay) * target + decay * moment``, as
+      ``optax.tree.update_moment`` does. The sum is the same, but under
+      ``jit`` XLA may contract one product into a fused multiply-add, so
+      the operand order decides the last bit: the transforms that mirror an
+      Optax optimizer use Optax's order to equal it bit for bit at level 0.
+    step: the step count; seeds the stochastic rounding of an 8-bit moment.
+      Unused for floats.
+    target_max: an 8-bit moment's ``max |target|`` per quantization block
+      (:func:`~foam_jax._src.quantize.block_max`), when the caller has it
+      more cheaply; default: computed from ``target``.
+    separate: on GPUs (chosen at lowering, ``jax.lax.platform_dependent``),
+      a float moment is written in its own kernel and the update reads it
+      as stored (``jax.lax.optimization_barrier`` on the stored moment). For
+      a folded moment this is XLA GPU's cheaper program: the full-size
+      update reads the stored moment (a quarter of the weight's size at
+      level 2, in its storage dtype) instead of a float32 copy of it or the
+      EMA of the old moment recomputed, which needs the old moment copied
+      before it is overwritten in place. Leaves that are not folded keep the
+      moment update in the update's kernel (``False``). The values are the
+      same either way.
+
+  Returns:
+    ``(read, stored)``: the value the update reads (in ``compute_dtype``),
+    and the new moment in its storage dtype (or requantized).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> read, stored = ema(jnp.zeros(2), jnp.array([1.0, 2.0]), 0.5)
+    >>> stored
+    Array([0.5, 1. ], dtype=float32)
+  """
+  def average(m):
+    if optax_order:
+      return (1.0 - decay) * target + decay * m
+    return decay * m + (1.0 - decay) * target
+
+  if not isinstance(moment, quantize.QuantizedMoment):
+    new = average(moment if compute_dtype is None else moment.astype(compute_dtype))
+    stored = new.astype(moment.dtype)
+    if separate:
+      stored = jax.lax.platform_dependent(
+          stored, cuda=jax.lax.optimization_barrier,
+          rocm=jax.lax.optimization_barrier, default=lambda x: x)
+    return stored.astype(compute_dtype or stored.dtype), stored
+  new = average(moment.astype(compute_dtype or jnp.float32))
+  if target_max is None:
+    target_max = quantize.block_max(
+        target, moment.block,
+        nonnegative=not isinstance(moment, quantize.SignedQuantizedMoment))
+  scale = decay * moment.bounds + (1.0 - decay) * target_max
+  return new, quantize.quantize(new, moment, step, scale=scale)
+
+
+def gradient_maxima(g: jax.Array, geom: moment.Geometry | None, mu: Any, nu: Any = None
+                    ) -> tuple[jax.Array | None, jax.Array | None]:
+  """:func:`ema`'s ``target_max`` for ``mu`` (target ``g``) and ``nu`` (``|g|^2``).
+
+  For a leaf that is not folded both come from one reduction of ``|g|``
+  (``max |g|^2 = (max |g|)^2``); a folded leaf's targets are its block
+  statistics, and ``(None, None)`` lets :func:`ema` reduce those. Float
+  moments need none.
+  """
+  quantized = [x for x in (mu, nu) if isinstance(x, quantize.QuantizedMoment)]
+  if geom is not None or not quantized or len({x.block for x in quantized}) > 1:
+    return None, None
+  top = quantize.block_max(g, quantized[0].block)
+  return top, top * top
 
 
 def _unfolded_read(fg: moment.FoldedGradient, m: MomentUpdate, previous: Any,
@@ -160,7 +254,7 @@ def update_moments(
       stochastic rounding of 8-bit moments.
     residual_scale: ``c``, the weight of the residual in every read.
     optax_order: write each EMA in ``optax.tree.update_moment``'s operand
-      order (:func:`~foam_jax._src.moment.ema`).
+      order (:func:`ema`).
 
   Returns:
     ``(leaves, stored)``: a tree shaped like ``specs`` with one
@@ -197,7 +291,7 @@ def update_moments(
         target, dtype = fg.mean_of_squares(), real
       else:
         target, dtype = folding.abs_sq(fg.mean), real
-      read, new = moment.ema(old, target, m.decay, dtype, step=count,
+      read, new = ema(old, target, m.decay, dtype, step=count,
                              optax_order=optax_order, target_max=top,
                              separate=geom is not None)
       reads.append(read)

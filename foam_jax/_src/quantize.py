@@ -15,7 +15,7 @@ choice fitted to the actual sharding).
 
 The code is a small float per block: with a scale :math:`s \ge \max_b |x|`
 (the block maximum, or during training the bound that
-``moment.ema`` carries from step to step, which needs no second pass over
+``folded_moments.ema`` carries from step to step, which needs no second pass over
 the new moment), an entry is stored as float32's exponent and its top
 3 mantissa bits of :math:`|x| / s \in [0, 1]`, offset so that :math:`1.0` is
 the top code:

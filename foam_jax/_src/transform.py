@@ -178,7 +178,7 @@ def scale_by_foam(
   _validation.check_choice("bias_correction", bias_correction, _BIAS_CORRECTIONS)
   mu_dtype = _validation.storage_dtype("mu_dtype", mu_dtype)
   nu_dtype = _validation.storage_dtype("nu_dtype", nu_dtype, real=True)
-  # Optax's form also takes Optax's operand order in the EMAs (moment.ema).
+  # Optax's form also takes Optax's operand order in the EMAs (folded_moments.ema).
   optax_form = bias_correction == "moments"
 
   def init_fn(params):
