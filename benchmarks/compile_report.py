@@ -45,6 +45,7 @@ import optax
 
 import foam_jax
 from benchmarks import deviceless
+from examples.llama import optimizers
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "compile")
 
@@ -69,7 +70,7 @@ BASELINES = {
     "optax.lion": lambda: optax.lion(1e-3),
     "optax.contrib.muon": lambda: optax.contrib.muon(1e-3),
     "foam": lambda: foam_jax.foam(1e-3),
-    "foam axis -1": lambda: foam_jax.foam(1e-3, fold_spec=_along(-1)),
+    "foam axis -1": lambda: foam_jax.foam(1e-3, fold_spec=optimizers.fold_along(-1, None)),
     "foam int8": lambda: foam_jax.foam(1e-3, mu_dtype=jnp.int8, nu_dtype=jnp.int8),
     "foam l1": lambda: foam_jax.foam(1e-3, fold_level=1),
     "foam l3": lambda: foam_jax.foam(1e-3, fold_level=3),
@@ -83,17 +84,6 @@ REGISTRY = ("adamw", "adafactor", "lion", "muon", "galore", "foam", "foam_l1", "
             "foam_l4", "foam_l2_ax1", "foam_mini", "foam_int8", "foam_muon", "foam_lion")
 # What each FOAM row is compared with, besides optax.adamw.
 COMPARATORS = {"foam_lion": "optax.lion", "foam_muon": "optax.contrib.muon"}
-
-
-def _along(axis: int):
-  """A fold spec callable: every leaf FOAM's policy folds, along ``axis``."""
-
-  def specs(params):
-    return jax.tree.map(
-        lambda s: None if s is None else foam_jax.FoldSpec(axis=axis),
-        foam_jax.default_fold_specs(params), is_leaf=lambda x: x is None)
-
-  return specs
 
 
 def make_optimizer(name: str) -> optax.GradientTransformation:

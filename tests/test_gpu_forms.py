@@ -46,39 +46,18 @@ def test_shifted_block_sums_are_each_entrys_block_sum(k, n):
   np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-6, atol=1e-6)
 
 
-def test_foam_on_gpu_branches_matches_float64_reference(gpu_branches):
-  test_transform.test_foam_matches_float64_reference_default_policy()
-  assert any(gpu_branches)
-
-
-@pytest.mark.parametrize("nesterov", [False, True])
-def test_eps_root_and_nesterov_on_gpu_branches(gpu_branches, nesterov):
-  test_transform.test_eps_root_and_nesterov_match_float64_reference(nesterov)
-  assert any(gpu_branches)
-
-
-@pytest.mark.parametrize("second_moment", ["mean_of_squares", "square_of_mean"])
-def test_complex_params_on_gpu_branches(gpu_branches, second_moment):
-  test_transform.test_complex_params_match_float64_reference(second_moment)
-  assert any(gpu_branches)
-
-
-def test_low_precision_states_on_gpu_branches(gpu_branches):
-  test_transform.test_low_precision_states_track_float32_states()
-  assert any(gpu_branches)
-
-
-def test_foam_lion_on_gpu_branches_matches_float64_reference(gpu_branches):
-  test_folded_optimizers.test_foam_lion_matches_float64_reference()
-  assert any(gpu_branches)
-
-
-@pytest.mark.parametrize("nesterov", [True, False])
-def test_foam_muon_on_gpu_branches_matches_float64_reference(gpu_branches, nesterov):
-  test_folded_optimizers.test_foam_muon_matches_float64_reference(nesterov)
-  assert any(gpu_branches)
-
-
-def test_int8_on_gpu_branches_reads_and_stores_within_the_code_error(gpu_branches):
-  test_quantize.test_update_reads_the_new_moments_and_stores_them_within_the_code_error()
+@pytest.mark.parametrize("reference_test, args", [
+    (test_transform.test_foam_matches_float64_reference_default_policy, ()),
+    (test_transform.test_eps_root_and_nesterov_match_float64_reference, (False,)),
+    (test_transform.test_eps_root_and_nesterov_match_float64_reference, (True,)),
+    (test_transform.test_complex_params_match_float64_reference, ("mean_of_squares",)),
+    (test_transform.test_complex_params_match_float64_reference, ("square_of_mean",)),
+    (test_transform.test_low_precision_states_track_float32_states, ()),
+    (test_folded_optimizers.test_foam_lion_matches_float64_reference, ()),
+    (test_folded_optimizers.test_foam_muon_matches_float64_reference, (True,)),
+    (test_folded_optimizers.test_foam_muon_matches_float64_reference, (False,)),
+    (test_quantize.test_update_reads_the_new_moments_and_stores_them_within_the_code_error, ()),
+], ids=lambda x: x.__name__ if callable(x) else str(x))
+def test_reference_tests_pass_on_gpu_branches(gpu_branches, reference_test, args):
+  reference_test(*args)
   assert any(gpu_branches)

@@ -116,8 +116,9 @@ def test_adamw_to_foam_carries_every_count_and_trains_on(adamw_run, tmp_path, ca
   assert zeroed[SWITCH] == before == val_losses(adamw_run)[SWITCH]
   after = SWITCH + 10
   # Ten steps on, both runs have gone down. Which of the two is lower after
-  # ten steps of this toy run depends on the JAX release (jax 0.10.2: 3.204
-  # converted, 3.216 zeroed; jax 0.12.0.1: 3.323 converted, 3.301 zeroed), so
+  # ten steps of this toy run depends on the JAX release (when this test was
+  # written: 3.204 converted, 3.216 zeroed; jax 0.12.0.1: 3.323 converted,
+  # 3.301 zeroed), so
   # it is not asserted: what the conversion carries is (the counts and the
   # block means above, and the restored weights' loss).
   assert converted[after] <= before

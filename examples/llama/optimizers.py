@@ -57,6 +57,7 @@ __all__ = [
     "OPTIMIZERS",
     "check_fold_settings",
     "check_moment_dtypes",
+    "fold_along",
     "hidden_matrices",
     "make_optimizer",
     "schedule",
@@ -117,15 +118,18 @@ def _foam(lr, sched: Schedule, *, b1=0.9, b2=0.95, weight_decay=0.0, fold_level=
   # No fold_level: the library's default policy (level 2, lowered where a
   # shard is too small for a block).
   if fold_axis != -2:
-    foam_kwargs["fold_spec"] = _fold_along(fold_axis, 2 if fold_level is None else fold_level)
+    foam_kwargs["fold_spec"] = fold_along(fold_axis, 2 if fold_level is None else fold_level)
   elif fold_level is not None:
     foam_kwargs["fold_level"] = fold_level
   return foam_jax.foam(sched(lr), b1=b1, b2=b2, weight_decay=weight_decay, alpha=alpha,
                        **foam_kwargs)
 
 
-def _fold_along(axis: int, level: int | str) -> Callable[[Any], Any]:
-  """A fold-spec callable: the default policy's leaves, folded along ``axis``."""
+def fold_along(axis: int, level: int | str | None) -> Callable[[Any], Any]:
+  """A fold-spec callable: the default policy's leaves, folded along ``axis``.
+
+  ``level=None`` leaves each spec's level to the optimizer's ``fold_level``.
+  """
 
   def specs(params):
     return jax.tree.map(
@@ -139,7 +143,7 @@ def _fold_along(axis: int, level: int | str) -> Callable[[Any], Any]:
 def _foam_mini(lr, sched: Schedule, *, b1=0.9, b2=0.95, weight_decay=0.0,
                fold_axis=-2, alpha=FOAM_ALPHA, **foam_kwargs):
   if fold_axis != -2:
-    foam_kwargs["fold_spec"] = _fold_along(fold_axis, "whole_axis")
+    foam_kwargs["fold_spec"] = fold_along(fold_axis, "whole_axis")
   return foam_jax.foam_mini(sched(lr), b1=b1, b2=b2, weight_decay=weight_decay,
                             alpha=alpha, **foam_kwargs)
 

@@ -68,39 +68,24 @@ class LeafMoments(NamedTuple):
     previous: the moments before the step, as stored (floats in their
       storage dtype, 8-bit ones as
       :class:`~foam_jax._src.quantize.QuantizedMoment` views).
-    read: the new moments as the update reads them, in the compute dtype
-      (a first moment's) or its real dtype (a second moment's): float
-      moments as stored, 8-bit ones before requantization.
     stored: the new moments in their storage form.
-    unfolded: ``read`` broadcast into the blocked view (:math:`U \\tilde m`),
-      what the update reads (see :func:`_unfolded_read`).
+    unfolded: the new moments as the update reads them, broadcast into the
+      blocked view (:math:`U \\tilde m`, see :func:`_unfolded_read`), in the
+      compute dtype (a first moment's) or its real dtype (a second
+      moment's): float moments as stored, 8-bit ones before requantization.
   """
 
   gradient: moment.FoldedGradient
   previous: tuple[Any, ...]
-  read: tuple[jax.Array, ...]
   stored: tuple[Any, ...]
   unfolded: tuple[jax.Array, ...]
 
 
-def _maxima(g: jax.Array, geom, moments: Sequence[MomentUpdate], previous) -> list[Any]:
-  """Each 8-bit moment's block maxima of its target, where the gradient gives them.
-
-  For a leaf that is not folded, one reduction of ``|g|`` gives the maxima
-  of ``g`` and of ``|g|^2`` (``(max |g|)^2``); folded targets are block
-  statistics, and ``None`` lets :func:`ema` reduce them.
-  """
-  first = next((p for m, p in zip(moments, previous) if m.target == "mean"), None)
-  second = next((p for m, p in zip(moments, previous) if m.target != "mean"), None)
-  top, top_sq = gradient_maxima(g, geom, first, second)
-  return [top if m.target == "mean" else top_sq for m in moments]
-
-
-def ema(moment: jax.Array | quantize.QuantizedMoment, target: jax.Array,
+def ema(old: jax.Array | quantize.QuantizedMoment, target: jax.Array,
         decay: Any, compute_dtype=None, *, optax_order: bool = False,
         step: Any = None, target_max: jax.Array | None = None,
         separate: bool = False) -> tuple[jax.Array, Any]:
-  r"""``decay * moment + (1 - decay) * target``: the moment to read and to store.
+  r"""``decay * old + (1 - decay) * target``: the moment to read and to store.
 
   A float moment is rounded to its storage dtype, and the update reads it
   back as stored (so that XLA can overwrite a low-precision state in place,
@@ -116,11 +101,11 @@ def ema(moment: jax.Array | quantize.QuantizedMoment, target: jax.Array,
   the new moment.
 
   Args:
-    moment: the stored (folded) moment.
+    old: the stored (folded) moment.
     target: what it averages: ``F(g)``, ``F(|g|^2)``, in the folded shape.
     decay: the EMA's decay rate.
     compute_dtype: dtype the stored moment is read in (default: its own).
-    optax_order: write it ``(1 - decay) * target + decay * moment``, as
+    optax_order: write it ``(1 - decay) * target + decay * old``, as
       ``optax.tree.update_moment`` does. The sum is the same, but under
       ``jit`` XLA may contract one product into a fused multiply-add, so
       the operand order decides the last bit: the transforms that mirror an
@@ -156,37 +141,36 @@ def ema(moment: jax.Array | quantize.QuantizedMoment, target: jax.Array,
       return (1.0 - decay) * target + decay * m
     return decay * m + (1.0 - decay) * target
 
-  if not isinstance(moment, quantize.QuantizedMoment):
-    new = average(moment if compute_dtype is None else moment.astype(compute_dtype))
-    stored = new.astype(moment.dtype)
+  if not isinstance(old, quantize.QuantizedMoment):
+    new = average(old if compute_dtype is None else old.astype(compute_dtype))
+    stored = new.astype(old.dtype)
     if separate:
       stored = jax.lax.platform_dependent(
           stored, cuda=jax.lax.optimization_barrier,
           rocm=jax.lax.optimization_barrier, default=lambda x: x)
     return stored.astype(compute_dtype or stored.dtype), stored
-  new = average(moment.astype(compute_dtype or jnp.float32))
+  new = average(old.astype(compute_dtype or jnp.float32))
   if target_max is None:
     target_max = quantize.block_max(
-        target, moment.block,
-        nonnegative=not isinstance(moment, quantize.SignedQuantizedMoment))
-  scale = decay * moment.bounds + (1.0 - decay) * target_max
-  return new, quantize.quantize(new, moment, step, scale=scale)
+        target, old.block, nonnegative=not isinstance(old, quantize.SignedQuantizedMoment))
+  scale = decay * old.bounds + (1.0 - decay) * target_max
+  return new, quantize.quantize(new, old, step, scale=scale)
 
 
-def gradient_maxima(g: jax.Array, geom: moment.Geometry | None, mu: Any, nu: Any = None
-                    ) -> tuple[jax.Array | None, jax.Array | None]:
-  """:func:`ema`'s ``target_max`` for ``mu`` (target ``g``) and ``nu`` (``|g|^2``).
+def gradient_maxima(g: jax.Array, geom: moment.Geometry | None,
+                    moments: Sequence[MomentUpdate], previous: Sequence[Any]) -> list[Any]:
+  """:func:`ema`'s ``target_max`` for each moment, where the gradient gives it.
 
-  For a leaf that is not folded both come from one reduction of ``|g|``
-  (``max |g|^2 = (max |g|)^2``); a folded leaf's targets are its block
-  statistics, and ``(None, None)`` lets :func:`ema` reduce those. Float
-  moments need none.
+  For a leaf that is not folded, one reduction of ``|g|`` gives the block
+  maxima of ``g`` and of ``|g|^2`` (``(max |g|)^2``) for every 8-bit moment
+  of one block size. A folded leaf's targets are block statistics, and
+  ``None`` lets :func:`ema` reduce them; float moments need none.
   """
-  quantized = [x for x in (mu, nu) if isinstance(x, quantize.QuantizedMoment)]
-  if geom is not None or not quantized or len({x.block for x in quantized}) > 1:
-    return None, None
+  quantized = [p for p in previous if isinstance(p, quantize.QuantizedMoment)]
+  if geom is not None or not quantized or len({p.block for p in quantized}) > 1:
+    return [None] * len(moments)
   top = quantize.block_max(g, quantized[0].block)
-  return top, top * top
+  return [top if m.target == "mean" else top * top for m in moments]
 
 
 def _unfolded_read(fg: moment.FoldedGradient, m: MomentUpdate, previous: Any,
@@ -194,7 +178,7 @@ def _unfolded_read(fg: moment.FoldedGradient, m: MomentUpdate, previous: Any,
   r""":math:`U \tilde m_t`, the new moment at full size, for the update to read.
 
   By default the new folded moment broadcast. On GPUs (chosen at lowering,
-  ``jax.lax.platform_dependent``), an 8-bit moment's read, which is the
+  ``jax.lax.platform_dependent``), an 8-bit second moment's read, which is the
   float32 EMA before requantization and so linear in its parts, is formed at
   full size from its parts instead,
 
@@ -204,22 +188,22 @@ def _unfolded_read(fg: moment.FoldedGradient, m: MomentUpdate, previous: Any,
   (:meth:`~foam_jax._src.moment.FoldedGradient.shifted_means`): the update's
   kernel reads the stored codes and the gradient it reads anyway, where the
   folded float32 EMA would be written by one kernel and read back by the
-  next. The values are the same up to the order of the additions.
+  next. The values are the same up to the order of the additions. (An 8-bit
+  first moment keeps the broadcast: XLA then hands its dequantized old value
+  between kernels in float32, which costs more.)
   """
   def broadcast(blocks):
     return jnp.broadcast_to(fg.expand(read), blocks.shape)
 
   if fg.geom is None:
     return read
-  if (not isinstance(previous, quantize.QuantizedMoment) or not fg.has_shifted_form
-      or m.target == "mean"):
+  if (m.target == "mean" or not isinstance(previous, quantize.QuantizedMoment)
+      or not fg.has_shifted_form):
     return broadcast(fg.blocks)
 
   def from_parts(blocks):
     del blocks
-    if m.target == "mean":
-      target = fg.shifted_means()
-    elif m.target == "mean_of_squares":
+    if m.target == "mean_of_squares":
       target = fg.shifted_means(square=True)
     else:
       target = folding.abs_sq(fg.shifted_means())
@@ -282,8 +266,8 @@ def update_moments(
     geom = moment.geometry(spec, g.shape, previous[0].shape)
     fg = moment.FoldedGradient(g, geom, compute_dtype=compute,
                                residual_scale=residual_scale, count_dtype=real)
-    maxima = _maxima(fg.mean, geom, moments, previous)
-    reads, news, unfolded = [], [], []
+    maxima = gradient_maxima(fg.mean, geom, moments, previous)
+    news, unfolded = [], []
     for m, old, top in zip(moments, previous, maxima):
       if m.target == "mean":
         target, dtype = fg.mean, compute
@@ -291,13 +275,11 @@ def update_moments(
         target, dtype = fg.mean_of_squares(), real
       else:
         target, dtype = folding.abs_sq(fg.mean), real
-      read, new = ema(old, target, m.decay, dtype, step=count,
-                             optax_order=optax_order, target_max=top,
-                             separate=geom is not None)
-      reads.append(read)
+      read, new = ema(old, target, m.decay, dtype, step=count, optax_order=optax_order,
+                      target_max=top, separate=geom is not None)
       news.append(new)
       unfolded.append(_unfolded_read(fg, m, old, read, dtype, optax_order))
-    return LeafMoments(fg, tuple(previous), tuple(reads), tuple(news), tuple(unfolded))
+    return LeafMoments(fg, tuple(previous), tuple(news), tuple(unfolded))
 
   leaves = jax.tree.map(leaf, specs, grads, *unpacked, is_leaf=specs_lib.is_spec_leaf)
   stored = tuple(

@@ -330,12 +330,12 @@ def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None, *,
   pre = jnp.where(scale > np.float32(2.0**64), np.float32(2.0**-64), np.float32(1.0))
   inv = 1.0 / jnp.where(scale > 0, scale * pre, np.float32(np.inf))
   ratio = jnp.minimum((mag * pre) * inv, 1.0)
-  if not signed:  # Zero-free: a positive entry too small for the block keeps code 1.
-    ratio = jnp.where((mag > 0) & (ratio < tiny), tiny, ratio)
   if signed:
     mant_bits, top = float_code.MANT_MU, float_code.TOP_MU
   else:
     mant_bits, top = float_code.MANT_NU, float_code.TOP_NU
+    # Zero-free: a positive entry whose ratio underflows keeps code 1.
+    ratio = jnp.where((mag > 0) & (ratio < tiny), tiny, ratio)
   shift = 23 - mant_bits
   u_bits: Any  # Added below the kept bits: half a step, or uniform bits.
   u: Any
