@@ -102,6 +102,7 @@ def _compiled(spec, graphdef, st, val):
   """The compiled train step and stacked eval for ``spec``'s shapes and optimizer."""
   key = (spec["model"], json.dumps(spec.get("model_overrides", {}), sort_keys=True),
          spec["optimizer"], json.dumps(spec.get("foam", {}), sort_keys=True),
+         json.dumps(spec.get("settings", {}), sort_keys=True),
          spec["steps"], spec["batch"], spec["seq_len"], val["inputs"].shape)
   if key not in _COMPILED:
     abstract = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -118,11 +119,18 @@ def _compiled(spec, graphdef, st, val):
 
 def train_run(spec: dict[str, Any], dataset: data.TokenDataset,
               batch_at: Callable[[int], dict[str, np.ndarray]] | None = None,
-              ) -> dict[str, Any]:
+              make_tx: Callable[[configs.LlamaConfig], optax.GradientTransformation]
+              | None = None,
+              val: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
   """Trains one model as ``spec`` says; returns its curves and final loss.
 
   Step ``i`` (from 0) trains on ``batch_at(i)``; by default on windows drawn
-  at random offsets by a generator seeded with the run's seed.
+  at random offsets by a generator seeded with the run's seed. ``make_tx``
+  (the model's config -> the optimizer at peak lr 1, ``lr`` scaling chained
+  after it) replaces the registry's optimizer, and ``val`` (stacked batches,
+  ``{"inputs", "targets"}`` of shape ``(batches, batch, seq_len)``) the
+  dataset's validation batches; the compiled steps are shared by the runs
+  whose ``spec`` differs only in ``lr`` and ``seed``.
 
   ``spec`` keys: ``model``, ``dataset``, ``optimizer``, ``lr``, ``seed``,
   ``steps``, ``batch``, ``seq_len``, ``evals`` (number of validation points),
@@ -131,13 +139,17 @@ def train_run(spec: dict[str, Any], dataset: data.TokenDataset,
   ahead of time); the validation passes are not counted.
   """
   config = model_config(spec["model"], spec["seq_len"], **spec.get("model_overrides", {}))
-  tx = make_optimizer(spec["optimizer"], spec["steps"], config.hidden_size,
-                      **spec.get("foam", {}))
+  if make_tx is None:
+    tx = make_optimizer(spec["optimizer"], spec["steps"], config.hidden_size,
+                        **spec.get("foam", {}))
+  else:
+    tx = make_tx(config)
   mesh = sharding.make_mesh({"fsdp": 1, "tp": 1})
   graphdef, st, _ = state.create_state(config, tx, mesh, spec["seed"])
   b, t = spec["batch"], spec["seq_len"]
-  val = jax.tree.map(lambda *x: jnp.stack(x),
-                     *dataset.val_batches(b, spec.get("val_batches", 4)))
+  if val is None:
+    val = jax.tree.map(lambda *x: jnp.stack(x),
+                       *dataset.val_batches(b, spec.get("val_batches", 4)))
   train_c, eval_c = _compiled(spec, graphdef, st, val)
   lr = jnp.float32(spec["lr"])
 

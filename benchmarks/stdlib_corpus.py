@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PINNED_VERSION", "Corpus", "build", "load", "stdlib_files"]
+__all__ = ["PINNED_VERSION", "Corpus", "build", "load", "split_files", "stdlib_files"]
 
 PINNED_VERSION = "3.11.7"
 _EXCLUDED_DIRS = ("site-packages", "test", "tests")
@@ -74,17 +74,27 @@ def _checksum(train: bytes, val: bytes) -> str:
   return hashlib.sha256(train + b"\0" + val).hexdigest()
 
 
-def build(root: str | None = None) -> tuple[bytes, bytes, dict[str, Any]]:
-  """The running Python's corpus: ``(train, val, info)``."""
+def split_files(root: str | None = None) -> tuple[dict[str, bytes], dict[str, bytes]]:
+  """The corpus's files by split: ``({path: bytes} for training, for validation)``.
+
+  Paths are relative to the stdlib folder, in the corpus's order.
+  """
   root = root or sysconfig.get_paths()["stdlib"]
   files = stdlib_files(root)
   if not files:
     raise ValueError(f"No .py files under the stdlib folder {root!r}.")
-  splits: tuple[list[bytes], list[bytes]] = ([], [])
+  splits: tuple[dict[str, bytes], dict[str, bytes]] = ({}, {})
   for i, rel in enumerate(files):
     with open(os.path.join(root, rel), "rb") as f:
-      splits[i % _VAL_EVERY == _VAL_EVERY - 1].append(f.read())
-  train, val = (b"\n".join(s) for s in splits)
+      splits[i % _VAL_EVERY == _VAL_EVERY - 1][rel] = f.read()
+  return splits
+
+
+def build(root: str | None = None) -> tuple[bytes, bytes, dict[str, Any]]:
+  """The running Python's corpus: ``(train, val, info)``."""
+  splits = split_files(root)
+  files = [*splits[0], *splits[1]]
+  train, val = (b"\n".join(s.values()) for s in splits)
   version = platform.python_version()
   info = {"name": f"cpython-{version}-stdlib", "python": version,
           "implementation": platform.python_implementation(), "files": len(files),

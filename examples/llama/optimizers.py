@@ -163,14 +163,15 @@ def _lion(lr, sched: Schedule, *, b1=0.9, b2=0.99, weight_decay=0.0, mu_dtype=No
 
 
 def _muon(lr, sched: Schedule, *, b1=0.9, b2=0.95, weight_decay=0.0, beta=0.95,
-          adam_lr_ratio=None, mu_dtype=None):
+          adam_lr_ratio=None, mu_dtype=None, adam_weight_decay=None):
   # Default: AdamW's default lr when lr is Muon's (written so, not as a
   # rounded ratio, to keep the numbers of runs made before the registry).
   adam_lr = (lr * DEFAULT_LR["adamw"] / DEFAULT_LR["muon"] if adam_lr_ratio is None
              else lr * adam_lr_ratio)
   return optax_contrib.muon(
       sched(lr), beta=beta, weight_decay=weight_decay, mu_dtype=mu_dtype, adam_b1=b1,
-      adam_b2=b2, adam_weight_decay=weight_decay, adam_learning_rate=sched(adam_lr),
+      adam_b2=b2, adam_learning_rate=sched(adam_lr),
+      adam_weight_decay=weight_decay if adam_weight_decay is None else adam_weight_decay,
       muon_weight_dimension_numbers=_dimension_numbers(
           optax_contrib.MuonDimensionNumbers))
 
@@ -182,20 +183,22 @@ def _foam_lion(lr, sched: Schedule, *, b1=0.9, b2=0.99, weight_decay=0.0, fold_l
 
 
 def _foam_muon(lr, sched: Schedule, *, b1=0.9, b2=0.95, weight_decay=0.0, beta=0.95,
-               adam_lr_ratio=None, fold_level=None, mu_dtype=None):
+               adam_lr_ratio=None, fold_level=None, mu_dtype=None, adam_weight_decay=None):
   # As _muon; the hidden matrices are the library's default (FOAM's) policy.
   adam_lr = lr * (DEFAULT_LR["adamw"] / DEFAULT_LR["muon"] if adam_lr_ratio is None
                   else adam_lr_ratio)
   return foam_jax.foam_muon(
       sched(lr), beta=beta, weight_decay=weight_decay, mu_dtype=mu_dtype, adam_b1=b1,
-      adam_b2=b2, adam_weight_decay=weight_decay, adam_learning_rate=sched(adam_lr),
+      adam_b2=b2, adam_learning_rate=sched(adam_lr),
+      adam_weight_decay=weight_decay if adam_weight_decay is None else adam_weight_decay,
       fold_level=fold_level)
 
 
 def _galore(lr, sched: Schedule, *, rank: int, update_proj_gap: int, b1=0.9, b2=0.95,
-            eps=1e-8, scale=0.25):
+            eps=1e-8, scale=0.25, weight_decay=0.0):
   return optax_contrib.galore(
       sched(lr), rank=rank, update_proj_gap=update_proj_gap, scale=scale,
+      weight_decay=weight_decay,
       base_optimizer=optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
       weight_dimension_numbers=_dimension_numbers(optax_contrib.GaLoreDimensionNumbers))
 
