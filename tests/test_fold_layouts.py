@@ -258,3 +258,61 @@ def test_muon_matrices_follow_module_types():
   eqx_dims = dims(eqx.filter(layouts.equinox_transformer()[0], eqx.is_inexact_array))
   assert eqx_dims.blocks.up.weight == (-1, -2) and eqx_dims.blocks.norm.weight is None
   assert eqx_dims.unembed.weight is None
+
+
+# --- Attention projections and LoRA adapters. ---
+
+
+def _mu_shapes(state):
+  return {jax.tree_util.keystr(p): x.shape
+          for p, x in jax.tree_util.tree_flatten_with_path(state[0].mu)[0]}
+
+
+def test_nnx_attention_projections_fold_their_input_axis():
+  attn = nnx.MultiHeadAttention(num_heads=4, in_features=16, qkv_features=32,
+                                decode=False, rngs=nnx.Rngs(0))
+  shapes = _mu_shapes(nnx.Optimizer(attn, foam_jax.foam(1e-3), wrt=nnx.Param).opt_state)
+  for name in ("query", "key", "value"):
+    assert shapes[f"['{name}']['kernel'].value"] == (4, 4, 8)   # (in/4, heads, head_dim)
+    assert shapes[f"['{name}']['bias'].value"] == (4, 8)        # a bias: Adam's
+  assert shapes["['out']['kernel'].value"] == (4, 2, 16)        # innermost input
+
+
+def test_linen_attention_projections_fold_their_input_axis_also_scanned():
+  attn = nn.MultiHeadDotProductAttention(num_heads=4, qkv_features=32)
+  x = jnp.ones((1, 3, 16))
+  params = attn.init(jax.random.key(0), x, x)["params"]
+  shapes = _mu_shapes(foam_jax.foam(1e-3).init(params))
+  assert shapes["['query']['kernel']"] == (4, 4, 8)
+  stacked = jax.tree.map(lambda p: jnp.stack([p] * 3), params)  # An unnamed scan stack.
+  shapes = _mu_shapes(foam_jax.foam(1e-3).init(stacked))
+  assert shapes["['query']['kernel']"] == (3, 4, 4, 8)          # never the layer axis
+
+
+def test_an_unnamed_rank_3_leaf_elsewhere_keeps_the_shape_rule():
+  params = {"mlp": {"kernel": jnp.zeros((4, 16, 8))}}
+  assert _mu_shapes(foam_jax.foam(1e-3).init(params))["['mlp']['kernel']"] == (4, 4, 8)
+
+
+@pytest.mark.parametrize("names", [("lora_a", "lora_b"), ("lora_A", "lora_B")])
+def test_lora_adapters_named_by_path_keep_adams_moments(names):
+  params = {"q_proj": {names[0]: jnp.zeros((64, 4)), names[1]: jnp.zeros((4, 64)),
+                       "kernel": jnp.zeros((64, 64))}}
+  shapes = _mu_shapes(foam_jax.foam(1e-3).init(params))
+  assert shapes[f"['q_proj']['{names[0]}']"] == (64, 4)
+  assert shapes[f"['q_proj']['{names[1]}']"] == (4, 64)
+  assert shapes["['q_proj']['kernel']"] == (16, 64)
+
+
+def test_nnx_lora_params_keep_adams_moments_with_the_stock_optimizer():
+  class Adapted(nnx.Module):
+
+    def __init__(self, rngs):
+      self.base = nnx.Linear(64, 64, rngs=rngs)
+      self.adapter = nnx.LoRA(64, 4, 64, rngs=rngs)
+
+  model = Adapted(nnx.Rngs(0))
+  optimizer = nnx.Optimizer(model, foam_jax.foam(1e-3), wrt=nnx.LoRAParam)
+  shapes = _mu_shapes(optimizer.opt_state)
+  assert shapes == {"['adapter']['lora_a'].value": (64, 4),
+                    "['adapter']['lora_b'].value": (4, 64)}

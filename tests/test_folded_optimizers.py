@@ -189,6 +189,22 @@ def test_foam_muon_level_0_is_optax_muon_exactly(kwargs):
   _compare(*make(), shapes, steps=20, jit=True)
 
 
+def test_foam_muon_level_0_with_a_bfloat16_momentum_is_within_its_rounding():
+  """The docstring's bound: a 16-bit momentum is orthogonalized as stored."""
+  params = {k: jnp.ones(s) for k, s in SHAPES.items()}
+  ref = optax.contrib.muon(1e-2, mu_dtype=jnp.bfloat16,
+                           muon_weight_dimension_numbers=_matrix_rule)
+  ours = foam_jax.foam_muon(1e-2, mu_dtype=jnp.bfloat16, fold_level=0)
+  s_ref, s_ours = ref.init(params), ours.init(params)
+  for t in range(5):
+    g = {k: jax.random.normal(jax.random.key(t), v.shape) for k, v in params.items()}
+    u_ref, s_ref = ref.update(g, s_ref, params)
+    u_ours, s_ours = ours.update(g, s_ours, params)
+    for k in params:
+      scale = float(jnp.max(jnp.abs(u_ref[k])))
+      assert float(jnp.max(jnp.abs(u_ours[k] - u_ref[k]))) <= 2.0 ** -6 * scale, (t, k)
+
+
 def test_state_trees_mirror_optaxs():
   params = {k: jnp.zeros(s) for k, s in SHAPES.items()}
   lion_ref = optax.lion(1e-3).init(params)

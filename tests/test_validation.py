@@ -140,3 +140,47 @@ def test_integer_or_bool_weights_name_their_path(make, dtype):
   params = {"layer": {"kernel": jnp.zeros((8, 4)), "index": jnp.zeros((8, 4), dtype)}}
   with pytest.raises(TypeError, match=r"\['layer'\]\['index'\].*" + jnp.dtype(dtype).name):
     make().init(params)
+
+
+# --- Leaves and masks as Optax takes them. ---
+
+
+@pytest.mark.parametrize("make", [foam_jax.foam, foam_jax.foam_mini, foam_jax.foam_lion,
+                                  foam_jax.foam_muon])
+def test_python_number_and_list_leaves_are_accepted_as_optax_accepts_them(make):
+  params = {"w": jnp.ones((8, 4)), "s": 1.0, "l": [0.5, 2.0]}
+  grads = {"w": jnp.ones((8, 4)), "s": 1.0, "l": [1.0, -1.0]}
+  tx, ref = make(1e-3), optax.adamw(1e-3)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  ref_updates, _ = ref.update(grads, ref.init(params), params)
+  assert jax.tree.structure(updates) == jax.tree.structure(ref_updates)
+  for leaf in jax.tree.leaves(updates):
+    assert bool(jnp.all(jnp.isfinite(leaf))) and leaf.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("make, name", [
+    (lambda m: foam_jax.foam(1e-3, mask=m), "mask"),
+    (lambda m: foam_jax.foam_lion(1e-3, mask=m), "mask"),
+    (lambda m: foam_jax.foam_muon(1e-3, weight_decay_mask=m), "weight_decay_mask"),
+])
+def test_a_mask_of_the_wrong_structure_is_named(make, name):
+  params = {"w": jnp.ones((8, 4))}
+  with pytest.raises(ValueError, match=rf"{name} must be a pytree of bools.*'x'.*'w'"):
+    make({"x": True}).init(params)
+
+
+def test_a_mask_prefix_is_accepted():
+  params = {"a": {"w": jnp.ones((8, 4)), "b": jnp.ones(4)}, "c": jnp.ones(3)}
+  tx = foam_jax.foam(1e-3, weight_decay=0.1, mask={"a": True, "c": False})
+  updates, _ = tx.update(params, tx.init(params), params)
+  assert updates["c"].shape == (3,)
+
+
+def test_b2_rounded_to_one_by_inject_hyperparams_says_what_to_do():
+  params = {"w": jnp.ones((8, 4), jnp.bfloat16)}
+  tx = optax.inject_hyperparams(foam_jax.foam)(learning_rate=1e-3)
+  with pytest.raises(ValueError, match="hyperparam_dtype=jnp.float32"):
+    tx.update(params, tx.init(params), params)
+  tx = optax.inject_hyperparams(foam_jax.foam, hyperparam_dtype=jnp.float32)(
+      learning_rate=1e-3)
+  tx.update(params, tx.init(params), params)

@@ -127,7 +127,7 @@ def foam(
           second_moment=second_moment,
           nu_dtype=nu_dtype,
       ),
-      optax.add_decayed_weights(weight_decay, mask),
+      optax.add_decayed_weights(weight_decay, _validation.checked_mask(mask)),
       optax.scale_by_learning_rate(learning_rate),
   )
 

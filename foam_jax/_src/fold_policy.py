@@ -28,9 +28,21 @@ each parameter, the most specific description the tree gives of it:
    puts input features first: ``(in, out)``, ``DenseGeneral``'s ``(in...,
    out...)``); a haliax array outside a ``Linear`` its last (haliax's
    default layout is ``(Out..., In...)``).
-4. **Shape.** Without names or types, ``ndim >= 2`` folds axis ``-2`` (a
-   Flax kernel ``(in, out)`` and scan-stacked ``(layers, in, out)``) and
-   smaller parameters keep Adam's moments.
+4. **Shape.** Without names or types: rank 0 and 1 keep Adam's moments;
+   rank 2 and more fold axis ``-2`` (a Flax kernel ``(in, out)``,
+   scan-stacked ``(layers, in, out)``, ``DenseGeneral``'s ``(in, heads,
+   head_dim)`` out-projection input ``(heads, head_dim, out)``: its
+   innermost input), never a leading (stacking) axis; except the query, key
+   and value kernels of Flax's attention layers (a path ending in
+   ``query``, ``key`` or ``value``, then ``kernel``), ``(..., in, heads,
+   head_dim)``, which fold their input axis ``-3`` (their ``(heads,
+   head_dim)`` biases keep Adam's moments).
+
+LoRA adapters keep Adam's moments: NNX's ``nnx.LoRAParam`` variables, and
+paths containing ``lora_a`` or ``lora_b`` (Flax and qwix name them so;
+Levanter and peft-style code ``lora_A``/``lora_B``). They are a few percent
+of the weights, and an adapter that starts at zero (``lora_b``) has block
+means of about zero: its update would be almost all residual.
 
 Where several axes are inputs (haliax's ``o_proj`` with ``In=(heads,
 head_size)``), the innermost one folds: blocks of contiguous entries of the
@@ -53,11 +65,16 @@ import jax
 
 from foam_jax._src import folding
 
-__all__ = ["FoldPolicy", "LAYER_AXIS_NAMES", "MatrixAxes", "UNFOLDED_PATH_FRAGMENTS",
-           "fold_axes"]
+__all__ = ["ATTENTION_PROJECTIONS", "FoldPolicy", "LAYER_AXIS_NAMES", "MatrixAxes",
+           "UNFOLDED_PATH_FRAGMENTS", "fold_axes"]
 
 LAYER_AXIS_NAMES = ("layers", "layer", "stage")
-UNFOLDED_PATH_FRAGMENTS = ("embed", "lm_head", "logits_dense", "wte", "wpe")
+UNFOLDED_PATH_FRAGMENTS = ("embed", "lm_head", "logits_dense", "wte", "wpe", "lora_a",
+                           "lora_b")
+# The query, key and value projections of Flax's attention layers (NNX
+# ``MultiHeadAttention``, Linen ``MultiHeadDotProductAttention``): kernels
+# ``(..., in, heads, head_dim)`` whose input axis is third from last.
+ATTENTION_PROJECTIONS = ("query", "key", "value")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +85,7 @@ class FoldPolicy:
     layer_axis_names: axis names that stack layers (matched exactly, case
       sensitive, as the stack names them).
     unfolded_paths: fragments of tree paths (lower case) whose parameters
-      keep Adam's moments: embeddings and output heads.
+      keep Adam's moments: embeddings, output heads and LoRA adapters.
 
   Examples:
     >>> import jax.numpy as jnp, foam_jax
@@ -249,12 +266,34 @@ def fold_axes(params: Any, policy: FoldPolicy, level: Any, *, flax_names: bool =
         names = None
       if _is_named_array(leaf):
         leaf = leaf.array
+      if _is(node, "flax", "LoRAParam"):
+        decisions.append(None)  # Adapters keep Adam's moments.
+        continue
       decisions.append(_decide(
           policy, level, tuple(path) + tuple(sub), leaf, names,
           module=node if is_module else None,
           field_path=jax.tree_util.keystr(tuple(sub)),
           inputs_first=not _is_named_array(node)))
   return decisions
+
+
+def _key_names(path) -> list[str]:
+  return [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+
+
+def _attention_axes(path, shape) -> MatrixAxes | None:
+  """An unnamed attention projection ``(..., in, heads, head_dim)``: fold ``in``."""
+  keys = _key_names(path)
+  if keys[-1:] in (["value"], ["raw_value"]) and keys[-2:-1] in (["kernel"], ["bias"]):
+    keys = keys[:-1]  # The field of an NNX Variable, not the layer's "value".
+  if len(keys) < 2 or keys[-2] not in ATTENTION_PROJECTIONS:
+    return None
+  if keys[-1] == "bias":
+    return MatrixAxes((), (), ())  # (heads, head_dim): a bias, Adam's moments.
+  if len(shape) < 3 or keys[-1] != "kernel":
+    return None
+  ndim = len(shape)
+  return _matrix(ndim, (ndim - 3,), (ndim - 3,), (ndim - 2, ndim - 1))
 
 
 def _decide(policy, level, path, leaf, names=None, module=None, field_path="",
@@ -264,4 +303,8 @@ def _decide(policy, level, path, leaf, names=None, module=None, field_path="",
     return None
   if module is not None:
     return _module_axes(module, field_path, shape, names, policy, level)
+  if names is None or len(names) != len(shape):
+    attention = _attention_axes(path, shape)
+    if attention is not None:
+      return attention if attention.candidates else None
   return _leaf_axes(shape, names, policy.layer_axis_names, inputs_first, level)

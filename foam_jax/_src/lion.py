@@ -119,6 +119,7 @@ def scale_by_folded_lion(
     return jnp.where(jnp.abs(x) < 1.0, x, jnp.sign(x))
 
   def init_fn(params):
+    params = _validation.as_arrays(params)
     _validation.check_inexact_leaves(params)
     specs = specs_lib.resolve_fold_specs(params, fold_spec, fold_level)
     (mu,) = moment.map_leaves(
@@ -129,6 +130,7 @@ def scale_by_folded_lion(
 
   def update_fn(updates, state, params=None):
     del params
+    updates = _validation.as_arrays(updates)
     specs = specs_lib.resolve_fold_specs(updates, fold_spec, fold_level)
 
     count = optax.safe_increment(state.count)
@@ -222,6 +224,6 @@ def foam_lion(
       scale_by_folded_lion(
           b1, b2, mu_dtype, fold_level=fold_level,
           residual_scale=residual_scale, fold_spec=fold_spec),
-      optax.add_decayed_weights(weight_decay, mask),
+      optax.add_decayed_weights(weight_decay, _validation.checked_mask(mask)),
       optax.scale_by_learning_rate(learning_rate),
   )

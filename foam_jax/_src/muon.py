@@ -4,7 +4,9 @@ Newton-Schulz needs whole matrices, so the momentum is read back at full
 size (:math:`U \\tilde m + c R`) before it is orthogonalized; only the stored
 state is folded. The orthogonalization and the shape scaling
 (:mod:`foam_jax._src.newton_schulz`) follow Optax's arithmetic, so at
-``fold_level=0`` this equals ``optax.contrib.muon`` bit for bit.
+``fold_level=0`` with float32 momenta this equals ``optax.contrib.muon`` bit
+for bit; a 16-bit momentum is orthogonalized as stored (rounded), Optax's
+before rounding.
 """
 
 from __future__ import annotations
@@ -119,7 +121,8 @@ def scale_by_folded_muon(
     u_t &= \operatorname{NewtonSchulz}(\hat M_t)
 
   Newton-Schulz, its preconditionings and ``adaptive`` are Optax's. With
-  ``fold_level=0`` it is ``optax.contrib.scale_by_muon``.
+  ``fold_level=0`` and a float32 momentum it is
+  ``optax.contrib.scale_by_muon``; a 16-bit momentum is read as stored.
 
   Sharding: the momentum state is folded along its parameter's rank and
   sharded like the parameter, and the momentum update is block-local. The
@@ -179,6 +182,7 @@ def scale_by_folded_muon(
   mu_dtype = _validation.storage_dtype("mu_dtype", mu_dtype)
 
   def init_fn(params):
+    params = _validation.as_arrays(params)
     _validation.check_inexact_leaves(params)
     specs = specs_lib.resolve_fold_specs(params, fold_spec, fold_level)
     (mu,) = moment.map_leaves(
@@ -202,6 +206,7 @@ def scale_by_folded_muon(
 
   def update_fn(updates, state, params=None):
     del params
+    updates = _validation.as_arrays(updates)
     specs = specs_lib.resolve_fold_specs(updates, fold_spec, fold_level)
     dim_nums = (weight_dimension_numbers(updates)
                 if callable(weight_dimension_numbers)

@@ -75,8 +75,12 @@ def foam_muon(
   Optax's. The positional and keyword parameters are ``optax.contrib.muon``'s,
   with its defaults; FOAM's options follow.
 
-  With ``fold_level=0`` it equals ``optax.contrib.muon(...,
-  muon_weight_dimension_numbers=matrix_dimension_numbers)``.
+  With ``fold_level=0`` and float32 momenta it equals
+  ``optax.contrib.muon(..., muon_weight_dimension_numbers=matrix_dimension_numbers)``
+  bit for bit. With a 16-bit momentum (``mu_dtype``, or 16-bit params) it
+  orthogonalizes the momentum as stored, rounded to that dtype, where Optax
+  orthogonalizes it before rounding: the two differ by about that rounding
+  (a relative ``2**-8`` of the update for bfloat16).
 
   Sharding: the states are sharded like their params and the AdamW part
   and the momentum updates need no collectives; Newton-Schulz needs whole
@@ -204,7 +208,8 @@ def foam_muon(
                   weight_dimension_numbers=muon_dim_nums,
                   consistent_rms=consistent_rms,
               ),
-              optax.add_decayed_weights(weight_decay, weight_decay_mask),
+              optax.add_decayed_weights(
+                  weight_decay, _validation.checked_mask(weight_decay_mask, "weight_decay_mask")),
               optax.scale_by_learning_rate(learning_rate),
           ),
           "adam": optax.chain(

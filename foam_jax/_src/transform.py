@@ -182,6 +182,7 @@ def scale_by_foam(
   optax_form = bias_correction == "moments"
 
   def init_fn(params):
+    params = _validation.as_arrays(params)
     _validation.check_inexact_leaves(params)
     specs = specs_lib.resolve_fold_specs(params, fold_spec, fold_level)
 
@@ -198,6 +199,7 @@ def scale_by_foam(
 
   def update_fn(updates, state, params=None):
     del params
+    updates = _validation.as_arrays(updates)
     specs = specs_lib.resolve_fold_specs(updates, fold_spec, fold_level)
     count = optax.safe_increment(state.count)
 

@@ -95,7 +95,13 @@ def check_number(
   if high is not None:
     if number > high or (not high_inclusive and number == high):
       bound = "<=" if high_inclusive else "<"
-      raise ValueError(f"{name} must be {bound} {high}, got {number}.")
+      hint = ""
+      if number == high == 1.0 and getattr(value, "dtype", None) is not None and (
+          jnp.finfo(value.dtype).bits < 32):
+        hint = (f" A {name} such as 0.999 rounds to 1.0 in {jnp.dtype(value.dtype).name}:"
+                " under optax.inject_hyperparams with 16-bit params, pass "
+                "hyperparam_dtype=jnp.float32.")
+      raise ValueError(f"{name} must be {bound} {high}, got {number}.{hint}")
 
 
 def check_level(name: str, value: Any) -> None:
@@ -203,6 +209,43 @@ def adam_hyperparameters(b1, b2, eps, eps_root, alpha, residual_scale) -> tuple:
   check_number("alpha", alpha, low=0.0)
   check_number("residual_scale", residual_scale, low=0.0)
   return tuple(map(real_part, (b1, b2, eps, eps_root, alpha, residual_scale)))
+
+
+def as_arrays(tree: Any) -> Any:
+  """``tree`` with Python-number and NumPy leaves as JAX arrays, as Optax takes them.
+
+  Other leaves (arrays, ``jax.ShapeDtypeStruct``, ``None``, ``optax.MaskedNode``)
+  stay as they are.
+
+  Examples:
+    >>> as_arrays({"w": 1.0, "b": None})["w"].dtype
+    dtype('float32')
+  """
+  absent = lambda x: x is None or type(x).__name__ == "MaskedNode"
+  number = (int, float, complex, np.ndarray, np.generic)
+  convert = lambda x: jnp.asarray(x) if isinstance(x, number) else x
+  return jax.tree.map(convert, tree, is_leaf=absent)
+
+
+def checked_mask(mask: Any, name: str = "mask") -> Any:
+  """``mask`` (a pytree of bools) as a callable that names a mismatch with the params.
+
+  ``None`` and callables are returned as they are.
+  """
+  if mask is None or callable(mask):
+    return mask
+
+  def for_params(params):
+    try:
+      jax.tree.map(lambda *_: None, mask, params, is_leaf=lambda x: x is None)
+    except (ValueError, TypeError) as error:
+      raise ValueError(
+          f"{name} must be a pytree of bools with the params' structure (or a prefix "
+          f"of it): {name} is {jax.tree.structure(mask)}, the params are "
+          f"{jax.tree.structure(params)}.") from error
+    return mask
+
+  return for_params
 
 
 def check_inexact_leaves(params: Any) -> None:
