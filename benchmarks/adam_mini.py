@@ -17,7 +17,7 @@ as the authors' release does by default; every other matrix, one block per
 output neuron (a column); a vector (a norm's scale), one block. No
 maintained JAX package provides Adam-mini; this one serves the benchmarks
 and is tested against a float64 NumPy reference
-(``tests/test_adam_mini.py``).
+(``tests/benchmarks/test_equal_tuning.py``).
 
 Examples:
   >>> import jax.numpy as jnp

@@ -141,7 +141,7 @@ def counts(compiled) -> dict[str, Any]:
     (argument + output - alias + temp), ``kernels`` and ``collectives``
     (cross-device ops by opcode, nonzero ones only).
   """
-  from foam_jax._src import hlo  # noqa: PLC0415
+  from benchmarks import hlo  # noqa: PLC0415
 
   cost = compiled.cost_analysis()
   if isinstance(cost, list):

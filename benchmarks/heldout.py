@@ -18,8 +18,8 @@ study evaluates on the same windows.
 
 Examples:
   >>> a, b = b"0123456789abcdef", b"0123456789abcdeX"
-  >>> round(jaccard(ngrams(a), ngrams(b)), 3)  # 9 shared of 9 + 1 + 1.
-  0.818
+  >>> round(jaccard(ngrams(a), ngrams(b)), 3)  # 8 shared of 8 + 1 + 1.
+  0.8
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FOAM's state size against AdamW's in each layout of ``tests/layouts.py``.
+"""FOAM's state size against AdamW's in each layout of ``tests/clients/layouts.py``.
 
 ``foam_jax.state_bytes`` of ``foam(lr)`` (level 2) and of ``optax.adamw``
 on the tree each stack hands ``init`` (NNX ``Variable`` s, Linen boxes,
@@ -23,7 +23,7 @@ from flax import nnx
 
 import foam_jax
 from benchmarks import common
-from tests import layouts
+from tests.clients import layouts
 
 __all__ = ["LAYOUTS", "main", "measure"]
 
@@ -63,7 +63,7 @@ def write_report(data: dict, out: str) -> None:
   labels = list(data["runs"])
   lines = ["# FOAM's state against AdamW's, per layout", "",
            "`foam_jax.state_bytes(foam(lr), params) / state_bytes(optax.adamw(lr), params)` "
-           "at level 2 on the tree each stack hands `init` (`tests/layouts.py`). Lower "
+           "at level 2 on the tree each stack hands `init` (`tests/clients/layouts.py`). Lower "
            "is smaller; 0.25 would be every weight folded 4x.", "",
            "| layout | " + " | ".join(
                f"{label} ({data['runs'][label]['foam_jax']})" for label in labels) + " |",

@@ -2,12 +2,12 @@
 
 The flag must be set before JAX initialises its backends, so it lives here,
 ahead of any test module's ``import jax``. With ``FOAM_JAX_TEST_DEVICES=1``
-the run keeps JAX's one CPU device: ``tests/test_single_device.py`` runs the
+the run keeps JAX's one CPU device: ``tests/library/test_single_device.py`` runs the
 tests marked ``single_device`` (each transform's numerics) so, to check them
 on the device count most users have. Another count (``FOAM_JAX_TEST_DEVICES=2``)
 simulates that many devices (the Levanter tests' meshes).
 
-``tests/test_levanter.py`` runs where Levanter is installed (``.[levanter]``,
+``tests/clients/test_levanter.py`` runs where Levanter is installed (``.[levanter]``,
 its own step in ``.ci/run``: Levanter's Optax pin excludes the example's);
 elsewhere it is not collected.
 """
@@ -23,4 +23,4 @@ if _DEVICES != "1" and "xla_force_host_platform_device_count" not in os.environ.
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-collect_ignore = [] if importlib.util.find_spec("levanter") else ["test_levanter.py"]
+collect_ignore = [] if importlib.util.find_spec("levanter") else ["clients/test_levanter.py"]

@@ -14,7 +14,8 @@ MODULES = [
         "model", "optimizers", "outputs", "prepare_data", "sharding", "state", "steps",
         "switch", "tokenizers", "train_config")),
     *(f"benchmarks.{m}" for m in (
-        "common", "convergence", "convergence_plan", "convergence_report", "grid", "horizon",
+        "adam_mini", "common", "convergence", "convergence_plan", "convergence_report",
+        "equal_tuning_plan", "grid", "heldout", "hlo", "horizon",
         "horizon_report", "horizon_trend", "layout_state", "memory", "memory_report", "step_time",
         "step_time_compare", "step_time_report", "step_time_runners", "stdlib_corpus")),
 ]

@@ -83,7 +83,7 @@ class LeafMoments(NamedTuple):
 
 def ema(old: jax.Array | quantize.QuantizedMoment, target: jax.Array,
         decay: Any, compute_dtype=None, *, optax_order: bool = False,
-        step: Any = None, target_max: jax.Array | None = None,
+        step: Any = None, target_max: quantize.BlockStats | None = None,
         separate: bool = False) -> tuple[jax.Array, Any]:
   r"""``decay * old + (1 - decay) * target``: the moment to read and to store.
 
@@ -98,7 +98,11 @@ def ema(old: jax.Array | quantize.QuantizedMoment, target: jax.Array,
             \ \ge\ \max_{\text{block}} |\beta m + (1 - \beta) t|,
 
   a bound that needs the target's block maxima only, not a second pass over
-  the new moment.
+  the new moment. Maxima and bounds are over finite entries: a non-finite
+  entry (an infinite square, a NaN gradient) stays in its own entry, and its
+  block is marked as holding one for as long as it does (in a float moment,
+  too, an infinite or NaN entry stays so), see
+  :mod:`~foam_jax._src.quantize`.
 
   Args:
     old: the stored (folded) moment.
@@ -112,9 +116,10 @@ def ema(old: jax.Array | quantize.QuantizedMoment, target: jax.Array,
       Optax optimizer use Optax's order to equal it bit for bit at level 0.
     step: the step count; seeds the stochastic rounding of an 8-bit moment.
       Unused for floats.
-    target_max: an 8-bit moment's ``max |target|`` per quantization block
-      (:func:`~foam_jax._src.quantize.block_max`), when the caller has it
-      more cheaply; default: computed from ``target``.
+    target_max: an 8-bit moment's ``max |target|`` over finite entries and
+      its non-finite blocks, per quantization block
+      (:func:`~foam_jax._src.quantize.block_stats`), when the caller has
+      them more cheaply; default: computed from ``target``.
     separate: on GPUs (chosen at lowering, ``jax.lax.platform_dependent``),
       a float moment is written in its own kernel and the update reads it
       as stored (``jax.lax.optimization_barrier`` on the stored moment). For
@@ -151,26 +156,35 @@ def ema(old: jax.Array | quantize.QuantizedMoment, target: jax.Array,
     return stored.astype(compute_dtype or stored.dtype), stored
   new = average(old.astype(compute_dtype or jnp.float32))
   if target_max is None:
-    target_max = quantize.block_max(
+    target_max = quantize.block_stats(
         target, old.block, nonnegative=not isinstance(old, quantize.SignedQuantizedMoment))
-  scale = decay * old.bounds + (1.0 - decay) * target_max
-  return new, quantize.quantize(new, old, step, scale=scale)
+  scale = decay * old.bounds + (1.0 - decay) * target_max.top
+  return new, quantize.quantize(new, old, step, scale=scale,
+                                nonfinite=old.nonfinite | target_max.nonfinite)
 
 
 def gradient_maxima(g: jax.Array, geom: moment.Geometry | None,
                     moments: Sequence[MomentUpdate], previous: Sequence[Any]) -> list[Any]:
   """:func:`ema`'s ``target_max`` for each moment, where the gradient gives it.
 
-  For a leaf that is not folded, one reduction of ``|g|`` gives the block
-  maxima of ``g`` and of ``|g|^2`` (``(max |g|)^2``) for every 8-bit moment
-  of one block size. A folded leaf's targets are block statistics, and
-  ``None`` lets :func:`ema` reduce them; float moments need none.
+  For a leaf that is not folded, reductions of ``|g|`` give the block
+  statistics of ``g`` and of ``|g|^2`` (``(max |g|)^2`` over the entries
+  whose square is finite) for every 8-bit moment of one block size. A
+  folded leaf's targets are block statistics, and ``None`` lets :func:`ema`
+  reduce them; float moments need none.
   """
   quantized = [p for p in previous if isinstance(p, quantize.QuantizedMoment)]
   if geom is not None or not quantized or len({p.block for p in quantized}) > 1:
     return [None] * len(moments)
-  top = quantize.block_max(g, quantized[0].block)
-  return [top if m.target == "mean" else top * top for m in moments]
+  block = quantized[0].block
+  out: dict[str, quantize.BlockStats] = {}
+  for m in moments:
+    if m.target == "mean" and "mean" not in out:
+      out["mean"] = quantize.block_stats(g, block)
+    elif m.target != "mean" and "square" not in out:
+      top = quantize.block_stats(g, block, limit=quantize.SQUARE_LIMIT)
+      out["square"] = top._replace(top=top.top * top.top)
+  return [out["mean" if m.target == "mean" else "square"] for m in moments]
 
 
 def _unfolded_read(fg: moment.FoldedGradient, m: MomentUpdate, previous: Any,

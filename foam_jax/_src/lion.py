@@ -67,7 +67,7 @@ def scale_by_folded_lion(
   Args:
     b1: rate combining the momentum and the current gradient.
     b2: decay of the momentum.
-    mu_dtype: storage dtype of the momentum (default: the param's); the
+    mu_dtype: storage dtype of the momentum (default: the param's; bfloat16 for float16 params); the
       update reads it as stored. ``jnp.int8`` (or ``"int8"``) stores it
       blockwise-quantized in 8 bits (codes plus one float32 scale per 256
       entries, see :class:`foam_jax.QuantizedMoments`).
@@ -183,7 +183,7 @@ def foam_lion(
     learning_rate: a float or an Optax schedule.
     b1: rate combining the momentum and the current gradient.
     b2: decay of the momentum.
-    mu_dtype: storage dtype of the momentum (default: the param's);
+    mu_dtype: storage dtype of the momentum (default: the param's; bfloat16 for float16 params);
       ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits
       (codes plus one float32 scale per 256 entries, see
       :class:`foam_jax.QuantizedMoments`).

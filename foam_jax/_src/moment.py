@@ -296,7 +296,8 @@ def zeros(spec: specs_lib.FoldSpec | None, param: Any, dtype, *,
   """A zero moment for ``param``: folded by ``spec``, placed like ``param``.
 
   ``spec=None`` gives the parameter's shape; an absent parameter
-  (:func:`is_absent`) passes through. Works on ``jax.ShapeDtypeStruct`` s
+  (:func:`is_absent`) passes through. ``dtype=None`` stores it in
+  :func:`default_storage_dtype`. Works on ``jax.ShapeDtypeStruct`` s
   under ``jax.eval_shape``. ``dtype=int8`` gives blockwise 8-bit storage
   (a :class:`~foam_jax._src.quantize.QuantizedMoment` view, which
   :func:`~foam_jax._src.quantized_state.pack` turns into the state's layout), with
@@ -319,7 +320,27 @@ def zeros(spec: specs_lib.FoldSpec | None, param: Any, dtype, *,
           "int8 moment storage is for real parameters; got a "
           f"{jnp.dtype(param.dtype).name} parameter of shape {tuple(param.shape)}.")
     return quantize.zeros(shape, param, signed=not second)
-  return placement.zeros_like_placed(shape, dtype or param.dtype, param)
+  if dtype is None:
+    dtype = default_storage_dtype(param.dtype, second=second)
+  return placement.zeros_like_placed(shape, dtype, param)
+
+
+def default_storage_dtype(param_dtype: Any, *, second: bool = False) -> jnp.dtype:
+  """A moment's storage dtype when none is asked for: the parameter's.
+
+  A second moment takes the real dtype of the parameter's precision.
+  float16 parameters store their moments in bfloat16, the same bytes with
+  float32's range: a float16 second moment overflows at 65504, so one
+  gradient entry above 256 would freeze its entry and one above 6.6e5 would
+  make its first moment infinite and the update NaN.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> default_storage_dtype(jnp.float16)
+    dtype(bfloat16)
+  """
+  dtype = real_dtype(param_dtype) if second else jnp.dtype(param_dtype)
+  return jnp.dtype(jnp.bfloat16) if dtype == jnp.float16 else dtype
 
 
 def map_leaves(fn, specs, *trees, outputs: int) -> tuple[Any, ...]:

@@ -135,7 +135,7 @@ def scale_by_folded_muon(
     ns_steps: number of Newton-Schulz iterations.
     beta: decay of the momentum.
     eps: added to the preconditioning's denominator.
-    mu_dtype: storage dtype of the momentum (default: the param's);
+    mu_dtype: storage dtype of the momentum (default: the param's; bfloat16 for float16 params);
       ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits
       (codes plus one float32 scale per 256 entries, see
       :class:`foam_jax.QuantizedMoments`).

@@ -51,6 +51,17 @@ key). The code's bit arithmetic lives in :mod:`foam_jax._src.float_code`.
 
 Blocks whose scale is not a normal float32 (zero, denormal) are stored as
 zero; an infinite scale is clipped to the largest float32.
+
+Non-finite entries are stored per entry, as a float moment stores them, so
+that one cannot spoil its block: the scale bounds the block's *finite*
+entries only (:func:`block_stats`), and a block that holds an infinite
+entry is marked by a negative scale, :math:`-2s`. In a marked block the
+finite entries are coded against :math:`2s` (so never with the top code)
+and the top code reads :math:`\pm\infty`; a first moment's code
+:math:`-128` (unused otherwise) reads NaN. A second moment stores NaN as
+:math:`+\infty`, which the update reads as a frozen entry, as Adam's does
+(its first moment, from the same gradient, is NaN there too). Scales of
+blocks without non-finite entries are stored as before.
 """
 
 from __future__ import annotations
@@ -68,10 +79,12 @@ from foam_jax._src import placement
 
 __all__ = [
     "BLOCK_SIZE",
+    "BlockStats",
     "QuantizedMoment",
     "SignedQuantizedMoment",
     "block_max",
     "block_size",
+    "block_stats",
     "dequantize",
     "is_quantized",
     "is_quantized_dtype",
@@ -83,6 +96,12 @@ __all__ = [
 BLOCK_SIZE = 256
 # Smallest block size init may fit to a shard before it refuses.
 MIN_BLOCK_SIZE = 16
+# The largest float32 whose square is finite: sqrt of float32's maximum.
+SQUARE_LIMIT = np.float32(np.sqrt(np.float64(np.finfo(np.float32).max)))
+# The first moment's code for a NaN entry (its codes are -127..127 otherwise).
+NAN_CODE = -128
+
+
 def is_quantized_dtype(dtype: Any) -> bool:
   """Whether ``dtype`` asks for blockwise 8-bit storage (``int8``)."""
   return dtype is not None and jnp.dtype(dtype) == jnp.int8
@@ -115,9 +134,18 @@ class QuantizedMoment(NamedTuple):
     return jnp.dtype(jnp.int8)
 
   @property
+  def nonfinite(self) -> jax.Array:
+    """Per block: whether it holds an infinite entry (a negative stored scale)."""
+    return self.scales < 0
+
+  @property
   def bounds(self) -> jax.Array:
-    """The block scales ``s``: each block's bound on ``|x|``."""
-    return self.scales
+    """Each block's bound ``s`` on its finite entries' ``|x|``.
+
+    The stored scale, or half its magnitude for a block marked as holding
+    an infinite entry (stored as ``-2 s``).
+    """
+    return jnp.where(self.scales < 0, -0.5 * self.scales, self.scales)
 
   @property
   def block(self) -> int:
@@ -286,8 +314,57 @@ def block_max(x: jax.Array, block: int, *, nonnegative: bool = False
   return top.reshape(_scales_shape(shape, block))
 
 
+class BlockStats(NamedTuple):
+  """What a block's scale is made from.
+
+  Attributes:
+    top: ``max |x|`` over each block's finite entries (``0`` if none).
+    nonfinite: whether the block holds a non-finite entry (bool).
+  """
+
+  top: jax.Array
+  nonfinite: jax.Array
+
+
+def block_stats(x: jax.Array, block: int, *, nonnegative: bool = False,
+                limit: Any = None) -> BlockStats:
+  """``max |x|`` over each block's finite entries, and which blocks hold others.
+
+  Args:
+    x: the entries (real).
+    block: entries per block along the last axis.
+    nonnegative: ``x >= 0`` where finite (one reduction fewer).
+    limit: entries with ``|x| > limit`` count as non-finite (so that the
+      caller may square the maximum: :data:`SQUARE_LIMIT`).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> stats = block_stats(jnp.array([[1.0, -jnp.inf, 2.0, 0.5]]), 2)
+    >>> stats.top.tolist(), stats.nonfinite.tolist()
+    ([[1.0, 2.0]], [[True, False]])
+  """
+  shape = tuple(x.shape)
+  x = x.astype(jnp.float32).reshape(shape or (1,))
+  mag = x if nonnegative else jnp.abs(x)
+  ok = mag <= (np.float32(np.finfo(np.float32).max) if limit is None else limit)
+  # One pass: a finite entry's bits with the lowest cleared (orders as its
+  # value, 1 ulp below at most), a non-finite one as bit 0 alone; reduced by
+  # the max of the rest and the OR of bit 0.
+  low = np.uint32(1)
+  keys = jnp.where(ok, jax.lax.bitcast_convert_type(mag, jnp.uint32) & ~low, low)
+
+  def combine(a, b):
+    return jnp.maximum(a & ~low, b & ~low) | ((a | b) & low)
+
+  key = jax.lax.reduce(_blocked(keys, block), np.uint32(0), combine, (keys.ndim,))
+  top = jax.lax.bitcast_convert_type(key & ~low, jnp.float32)
+  return BlockStats(top.reshape(_scales_shape(shape, block)),
+                    (key & low).astype(bool).reshape(_scales_shape(shape, block)))
+
+
 def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None, *,
-             scale: jax.Array | None = None) -> QuantizedMoment:
+             scale: jax.Array | None = None,
+             nonfinite: jax.Array | None = None) -> QuantizedMoment:
   """Quantizes ``x`` with ``like``'s block size and code (signed or not).
 
   Args:
@@ -296,8 +373,10 @@ def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None, *,
     step: the step count, seeding the stochastic rounding; ``None`` rounds
       to the nearest code value (deterministic).
     scale: the block scales to code against, of ``like.scales``' shape, each
-      at least its block's ``max |x|`` (entries above it are clipped to the
-      top code); default: the block maxima.
+      at least its block's ``max |x|`` over finite entries (entries above it
+      are clipped to the top code); default: those block maxima.
+    nonfinite: per block, whether it holds a non-finite entry (bool, of
+      ``scale``'s shape); default: computed from ``x``.
 
   Returns:
     The new :class:`QuantizedMoment`.
@@ -314,14 +393,20 @@ def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None, *,
   x = x.astype(jnp.float32)
   x1 = x.reshape(shape or (1,))
   n = x1.shape[-1]
+  if scale is None or nonfinite is None:
+    stats = block_stats(x1, block)
+    scale = stats.top if scale is None else scale
+    nonfinite = stats.nonfinite if nonfinite is None else nonfinite
   xb = _blocked(x1, block)                    # (.., nb, B)
-  mag = jnp.abs(xb) if signed else jnp.maximum(xb, 0.0)
-  if scale is None:
-    scale = block_max(x1, block, nonnegative=not signed)
+  mag = jnp.abs(xb) if signed else jnp.maximum(xb, 0.0)  # NaN stays NaN.
   scale = scale.astype(jnp.float32).reshape(xb.shape[:-1] + (1,))
+  marked = jnp.reshape(nonfinite, xb.shape[:-1] + (1,))
   tiny = np.float32(np.finfo(np.float32).tiny)
   big = np.float32(np.finfo(np.float32).max)
   scale = jnp.where(scale < tiny, 0.0, jnp.minimum(scale, big))  # Zero, denormal.
+  # A marked block codes its finite entries against 2 s (never the top code).
+  scale = jnp.where(marked, jnp.clip(2.0 * scale, tiny, big), scale)
+  cap = jnp.where(marked, np.float32(0.75), np.float32(1.0))
   # The loop over entries reads 1 / scale only (0 for a zero block): one
   # value per block, computed once (a divide XLA does not recompute per entry).
   # Above 2^64 both sides are scaled by 2^-64 first (exact): 1 / scale is a
@@ -329,7 +414,8 @@ def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None, *,
   # and every code of the block would read zero.
   pre = jnp.where(scale > np.float32(2.0**64), np.float32(2.0**-64), np.float32(1.0))
   inv = 1.0 / jnp.where(scale > 0, scale * pre, np.float32(np.inf))
-  ratio = jnp.minimum((mag * pre) * inv, 1.0)
+  raw = (mag * pre) * inv                     # inf or NaN for a non-finite entry.
+  ratio = jnp.minimum(raw, cap)
   if signed:
     mant_bits, top = float_code.MANT_MU, float_code.TOP_MU
   else:
@@ -347,11 +433,14 @@ def quantize(x: jax.Array, like: QuantizedMoment, step: Any = None, *,
     u_bits = h >> (32 - shift)
     u = (h >> 8).astype(jnp.float32) * np.float32(2.0**-24)
   k = float_code.codes_of(ratio, u_bits, u, mant_bits, top, zero_free=not signed)
+  k = jnp.where(raw <= cap, k, top)           # Above the cap, inf, NaN: the top.
   if signed:
-    codes = jnp.where(xb < 0, -k, k).astype(jnp.int8)
+    codes = jnp.where(xb < 0, -k, k)
+    codes = jnp.where(raw != raw, NAN_CODE, codes).astype(jnp.int8)
   else:
-    codes = (k - 128).astype(jnp.int8)
+    codes = (k - 128).astype(jnp.int8)        # NaN stored as +inf.
   codes = _unblocked(codes, n).reshape(shape)
+  scale = jnp.where(marked, -scale, scale)
   scales = scale[..., 0].reshape(_scales_shape(shape, block))
   return type(like)(codes, scales)
 
@@ -379,9 +468,16 @@ def dequantize(q: QuantizedMoment) -> jax.Array:
   # Each scale broadcast over its block: a reshape, no gather.
   cb = _blocked(codes.astype(jnp.int32), block)
   s = scales[..., None]
+  marked = s < 0
+  s = jnp.abs(s)
   if signed:
-    x = float_code.ratio_of(jnp.abs(cb), float_code.MANT_MU, float_code.TOP_MU) * s
+    k = jnp.abs(cb)
+    x = float_code.ratio_of(k, float_code.MANT_MU, float_code.TOP_MU) * s
+    x = jnp.where(marked & (k == float_code.TOP_MU), np.float32(np.inf), x)
     x = jnp.where(cb < 0, -x, x)
+    x = jnp.where(cb == NAN_CODE, np.float32(np.nan), x)
   else:
-    x = float_code.ratio_of(cb + 128, float_code.MANT_NU, float_code.TOP_NU) * s
+    k = cb + 128
+    x = float_code.ratio_of(k, float_code.MANT_NU, float_code.TOP_NU) * s
+    x = jnp.where(marked & (k == float_code.TOP_NU), np.float32(np.inf), x)
   return _unblocked(x, n).reshape(shape)

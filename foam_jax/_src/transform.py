@@ -117,7 +117,7 @@ def scale_by_foam(
     eps: added to the denominator, ``>= 0``.
     eps_root: added to the second moment inside the square root (bias
       corrected, as ``optax.scale_by_adam``'s), ``>= 0``.
-    mu_dtype: dtype to store the first moments in (default: the param's).
+    mu_dtype: dtype to store the first moments in (default: the param's; bfloat16 for float16 params).
       Arithmetic is float32 or wider, and the update reads the new moments
       as stored (rounded), like the authors' in-place code. A floating or
       complex dtype of 16 bits or more, or ``jnp.int8`` (or ``"int8"``):
@@ -142,8 +142,10 @@ def scale_by_foam(
       the params, or a callable ``params -> such a pytree``.
     second_moment: ``"mean_of_squares"`` or ``"square_of_mean"``.
     nu_dtype: dtype to store the second moments in (default: the real dtype
-      of the param's precision); a real floating dtype of 16 bits or more,
-      or ``jnp.int8`` (blockwise-quantized, as ``mu_dtype``).
+      of the param's precision; bfloat16 for float16 params); a real
+      floating dtype of 16 bits or more with float32's range (bfloat16,
+      float32, float64: float16 is refused, it overflows at 65504), or
+      ``jnp.int8`` (blockwise-quantized, as ``mu_dtype``).
     nesterov: use Nesterov momentum, as ``optax.scale_by_adam``.
     bias_correction: ``"step_size"`` (the authors' form) or ``"moments"``
       (``optax.scale_by_adam``'s), see above.
@@ -189,9 +191,8 @@ def scale_by_foam(
     def moments(spec, p):
       if moment.is_absent(p):
         return p, p
-      return (moment.zeros(spec, p, mu_dtype or p.dtype),
-              moment.zeros(spec, p, nu_dtype or moment.real_dtype(p.dtype),
-                           second=True))
+      return (moment.zeros(spec, p, mu_dtype),
+              moment.zeros(spec, p, nu_dtype, second=True))
 
     mu, nu = moment.map_leaves(moments, specs, params, outputs=2)
     return ScaleByFoamState(count=placement.count_zeros(params),

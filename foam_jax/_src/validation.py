@@ -120,7 +120,7 @@ def storage_dtype(name: str, value: Any, *, real: bool = False) -> jnp.dtype | N
   """Checks a moment storage dtype (``mu_dtype``/``nu_dtype``); ``None`` passes.
 
   Moments need a floating dtype (or a complex one, unless ``real``) of at
-  least 16 bits, or ``int8``, which means blockwise-quantized 8-bit storage
+  least 16 bits and float32's range (not float16), or ``int8``, which means blockwise-quantized 8-bit storage
   (:mod:`foam_jax._src.quantize`). Other integer and bool storage would
   truncate them, and unscaled 8-bit floats underflow second moments, so
   training would silently stall.
@@ -141,7 +141,7 @@ def storage_dtype(name: str, value: Any, *, real: bool = False) -> jnp.dtype | N
     what = "a real floating" if real else "a floating or complex"
     raise TypeError(
         f"{name}={dtype.name} is not supported: optimizer moments need {what} "
-        "dtype (bfloat16, float16, float32, float64) or int8 (blockwise-quantized); "
+        "dtype (bfloat16, float32, float64) or int8 (blockwise-quantized); "
         "other integer and bool storage would truncate them."
     )
   if dtype.itemsize < 2:
@@ -149,6 +149,14 @@ def storage_dtype(name: str, value: Any, *, real: bool = False) -> jnp.dtype | N
         f"{name}={dtype.name} is not supported: 8-bit float storage underflows "
         "unscaled second moments; use int8 (blockwise-quantized), bfloat16 or "
         "float32."
+    )
+  if dtype == jnp.float16:
+    raise TypeError(
+        f"{name}=float16 is not supported: float16 overflows at 65504, so one "
+        "gradient entry above 256 makes a second moment infinite (its entry "
+        "freezes) and one above 6.6e5 makes the update NaN. Use bfloat16 (the same "
+        "bytes with float32's range), int8 (blockwise-quantized) or float32; "
+        "float16 parameters store their moments in bfloat16 by default."
     )
   return dtype
 

@@ -25,7 +25,7 @@ from examples.llama import loader
 from examples.llama import prepare_data
 from examples.llama import train
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOY_60M = ["--preset", "60m", "--vocab-size", "320", "--num-layers", "1", "--hidden-size", "64",
            "--intermediate-size", "176", "--num-heads", "4", "--seq-len", "32",
            "--batch-size", "8", "--eval-batches", "2", "--sample", "0", "--no-progress"]

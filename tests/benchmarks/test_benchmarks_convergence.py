@@ -58,7 +58,7 @@ def test_splits_and_windows_are_the_committed_runs():
 
 
 def test_long_plan_centres_each_grid_on_the_short_runs_best_lr():
-  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                       "benchmarks", "results", "convergence.json")
   with open(path) as f:
     short = json.load(f)

@@ -28,13 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from reference import LeafRule
+from reference import NumpyFoam
+from reference_folded import NumpyFoldedLion
+from reference_folded import NumpyFoldedMuon
 
 import foam_jax
 from foam_jax import FoldSpec
-from tests.reference import LeafRule
-from tests.reference import NumpyFoam
-from tests.reference_folded import NumpyFoldedLion
-from tests.reference_folded import NumpyFoldedMuon
 
 _EXAMPLES = int(os.environ.get("FOAM_JAX_PROPERTY_EXAMPLES", "0"))
 SETTINGS = hypothesis.settings(

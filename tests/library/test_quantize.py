@@ -3,7 +3,7 @@
 Every numerical claim is checked against float64 NumPy: the code's values
 are recomputed here from the formula in ``foam_jax._src.quantize``'s
 docstring, and a FOAM step with int8 moments is bounded, entry by entry,
-against float64 FOAM (tests/reference.py) by the error the code allows.
+against float64 FOAM (tests/library/reference.py) by the error the code allows.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 import pytest
-from flax import nnx
 from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -22,11 +20,11 @@ from reference import LeafRule
 from reference import NumpyFoam
 
 import foam_jax
+from benchmarks.hlo import COLLECTIVES
+from benchmarks.hlo import count_collectives
 from foam_jax._src import float_code
 from foam_jax._src import quantize
 from foam_jax._src import quantized_state
-from foam_jax._src.hlo import COLLECTIVES
-from foam_jax._src.hlo import count_collectives
 
 
 def _np_code_values(scale, signed, b=3):
@@ -196,9 +194,9 @@ def test_second_moment_decays_under_zero_gradients():
 @pytest.mark.parametrize("bad", ["zeros", "denormal", "huge"])
 def test_bad_blocks_give_finite_values(bad):
   x = {"zeros": np.zeros(512), "denormal": np.full(512, 1e-40),
-       "huge": np.full(512, 1e30)}[bad]
+       "huge": np.full(512, 3e38)}[bad]
   for signed in (False, True):
-    _, y = _roundtrip(x.astype(np.float32) ** (1 if signed else 2), signed)
+    _, y = _roundtrip(x.astype(np.float32), signed)
     assert np.isfinite(y).all()
     if bad != "huge":
       assert (y == 0).all()
@@ -453,90 +451,6 @@ def test_pin_layout_refuses_other_params():
     tx.init({**params, "w": jnp.ones((64, 128))})
 
 
-class _Mlp(nnx.Module):
-
-  def __init__(self, rngs: nnx.Rngs):
-    self.up = nnx.Linear(
-        32, 512, rngs=rngs,
-        kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(),
-                                          ("data", "model")))
-
-
-def test_nnx_optimizer_with_sharded_params():
-  with jax.set_mesh(_mesh()):
-    model = _Mlp(nnx.Rngs(0))
-    optimizer = nnx.Optimizer(
-        model, foam_jax.foam(1e-3, mu_dtype=jnp.int8, nu_dtype=jnp.int8),
-        wrt=nnx.Param)
-    mu = nnx.state(optimizer)["opt_state"][0]["mu"]
-    codes, scales = mu["codes"]["up"]["kernel"], mu["scales"]["up"]["kernel"]
-    assert codes[...].shape == (8, 512) and codes[...].dtype == jnp.int8
-    assert codes[...].sharding.spec == P("data", "model")
-    assert scales[...].sharding.spec == P("data", "model")
-    grads = nnx.grad(lambda m: jnp.sum(m.up(jnp.ones((4, 32))) ** 2))(model)
-    for _ in range(3):  # The stock update, over and over.
-      optimizer.update(model, grads)
-    assert int(nnx.state(optimizer)["opt_state"][0]["count"][...]) == 3
-
-
-def test_nnx_optimizer_state_round_trips_through_orbax(tmp_path):
-  """``nnx.state(optimizer)`` saved and restored as Flax's checkpointing guide does."""
-  with jax.set_mesh(_mesh()):  # _Mlp shards its kernel over ("data", "model").
-    model = _Mlp(nnx.Rngs(0))
-    optimizer = nnx.Optimizer(
-        model, foam_jax.foam(1e-3, mu_dtype=jnp.int8, nu_dtype=jnp.int8), wrt=nnx.Param)
-    x = jnp.linspace(-1.0, 1.0, 4 * 32).reshape(4, 32)
-    grads = nnx.grad(lambda m: jnp.sum(m.up(x) ** 2))(model)
-    for _ in range(2):
-      optimizer.update(model, grads)
-    saved = nnx.state(optimizer)
-    with ocp.StandardCheckpointer() as checkpointer:
-      checkpointer.save(tmp_path / "opt", saved)
-    fresh = nnx.Optimizer(
-        _Mlp(nnx.Rngs(1)), foam_jax.foam(1e-3, mu_dtype=jnp.int8, nu_dtype=jnp.int8),
-        wrt=nnx.Param)
-    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.state(fresh))
-    with ocp.StandardCheckpointer() as checkpointer:
-      restored = checkpointer.restore(tmp_path / "opt", target)
-    nnx.update(fresh, restored)
-    want, got = nnx.as_pure(saved), nnx.as_pure(nnx.state(fresh))
-    assert jax.tree.structure(want) == jax.tree.structure(got)
-    assert len(jax.tree.leaves(got)) == len(jax.tree.leaves(want))
-    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
-      assert a.dtype == b.dtype
-      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert any(x.dtype == jnp.int8 for x in jax.tree.leaves(got))
-    fresh.update(model, grads)  # And it trains on.
-    assert int(fresh.step[...]) == 3
-
-
-def test_orbax_save_and_restore_onto_another_mesh(tmp_path):
-  mesh = _mesh(AxisType.Auto)
-  params = _sharded(mesh, narrow=False)
-  tx = foam_jax.foam(1e-2, mu_dtype=jnp.int8, nu_dtype=jnp.int8,
-                     fold_spec=foam_jax.sharding.fitted_fold_specs(params))
-  state = tx.init(params)
-  step = jax.jit(tx.update)
-  for _ in range(2):
-    _, state = step(params, state, params)
-  with ocp.StandardCheckpointer() as checkpointer:
-    checkpointer.save(tmp_path / "ckpt", {"opt_state": state})
-  small = jax.make_mesh((1, 2), ("data", "model"),
-                        axis_types=(AxisType.Auto,) * 2,
-                        devices=jax.devices()[:2])
-  new_params = jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(
-          x.shape, x.dtype, sharding=NamedSharding(small, x.sharding.spec)),
-      params)
-  target = {"opt_state": foam_jax.sharding.abstract_state(tx, new_params)}
-  with ocp.StandardCheckpointer() as checkpointer:
-    restored = checkpointer.restore(tmp_path / "ckpt", target)["opt_state"]
-  jax.tree.map(lambda a, b: np.testing.assert_array_equal(
-      np.asarray(a), np.asarray(b)), state, restored)
-  codes = restored[0].mu.codes["w"]
-  assert codes.sharding.mesh.shape == small.shape
-
-
 def test_convert_state_between_float_and_int8():
   params = {"w": jnp.asarray(np.random.default_rng(7).standard_normal((16, 512)),
                              jnp.float32)}
@@ -612,38 +526,3 @@ def test_llama_7b_int8_state_is_at_most_0_55_of_bf16():
   # Measured: 17.30 GB weights + state, against 21.00 (bf16) and 40.43 (AdamW).
   assert 17.2e9 < weights + int8 < 17.4e9
   assert 20.9e9 < weights + bf16 < 21.1e9 and 40.3e9 < weights + adamw < 40.5e9
-
-
-@pytest.mark.parametrize("level", [0, 2])
-@pytest.mark.parametrize("moments, huge", [
-    ("nu", 2e19), ("nu", 1e20), ("nu", 1e21), ("both", 2e19), ("both", 1e20), ("both", 1e21),
-])
-def test_one_huge_gradient_entry_does_not_blow_up_int8_moments(level, huge, moments):
-  """A gradient entry whose square overflows float32 once: later updates stay
-  within 1.5x of the float path's, plus 1e-3 of the lr (they were ~5e16:
-  1 / scale of a block near the float32 maximum was a denormal, flushed to
-  zero, and every code of the block read zero).
-
-  Not yet covered: an entry above about 1e21. The float path's second moment
-  is infinite there (the entry freezes) but the int8 one saturates at the
-  float32 maximum, so the entry's update grows with it (about 1e6 times the
-  lr at 1e30). That needs the second moment stored so that it cannot
-  overflow, a change of the state's format.
-  """
-  lr = 1e-3
-  int8 = {"nu_dtype": jnp.int8, **({"mu_dtype": jnp.int8} if moments == "both" else {})}
-  txs = [foam_jax.foam(lr, weight_decay=0.0, fold_level=level, **kw) for kw in ({}, int8)]
-  params = {"w": jnp.zeros((8, 300)), "b": jnp.zeros((300,))}
-  states = [tx.init(params) for tx in txs]
-  rng = np.random.default_rng(0)
-  for t in range(6):
-    grads = {k: jnp.asarray(rng.standard_normal(v.shape), jnp.float32) for k, v in params.items()}
-    if t == 0:
-      grads = {k: g.at[(0,) * g.ndim].set(huge) for k, g in grads.items()}
-    outs = [tx.update(grads, s, params) for tx, s in zip(txs, states)]
-    states = [s for _, s in outs]
-    for k in params:
-      float_max = float(jnp.max(jnp.abs(outs[0][0][k])))
-      int8_max = float(jnp.max(jnp.abs(outs[1][0][k])))
-      assert np.isfinite(int8_max), (t, k)
-      assert int8_max <= 1.5 * float_max + 1e-3 * lr, (t, k, int8_max, float_max)

@@ -9,7 +9,7 @@ from benchmarks import convergence_report
 from benchmarks import memory_report
 from benchmarks import step_time_report
 
-RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                        "benchmarks", "results")
 
 

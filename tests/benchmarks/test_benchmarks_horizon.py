@@ -229,7 +229,7 @@ def test_trend_paragraph_states_each_optimizer_against_adamw_and_the_final_order
 
 @pytest.mark.parametrize("page", ["README.md", "docs/guides/benchmarks.md"])
 def test_the_pages_quote_the_committed_horizon_report(page):
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   with open(os.path.join(root, "benchmarks", "results", "horizon", "horizon.md")) as f:
     report = f.read()
   with open(os.path.join(root, page)) as f:

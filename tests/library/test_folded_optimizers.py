@@ -15,8 +15,8 @@ from reference_folded import NumpyFoldedLion
 from reference_folded import NumpyFoldedMuon
 
 import foam_jax
-from foam_jax._src.hlo import COLLECTIVES
-from foam_jax._src.hlo import count_collectives
+from benchmarks.hlo import COLLECTIVES
+from benchmarks.hlo import count_collectives
 
 # Divisible, non-divisible, 3-D (scan-stacked) and 1-D leaves, plus the
 # leaves FOAM's policy leaves alone.

@@ -1,6 +1,6 @@
 """The default policy folds the input-feature axis in every layout people train with.
 
-For each layout of ``tests/layouts.py`` (NNX scanned with names, Linen
+For each layout of ``tests/clients/layouts.py`` (NNX scanned with names, Linen
 ``nn.scan`` with params on axis 0 and on axis 1 as MaxText, a Levanter-style
 haliax model, Equinox, and an unscanned NNX model as the control):
 
@@ -26,7 +26,7 @@ from flax import nnx
 from flax.training import train_state
 
 import foam_jax
-from tests import layouts
+from tests.clients import layouts
 
 LR = 1e-2
 TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, layouts.VOCAB, (2, 8)), jnp.int32)

@@ -28,7 +28,7 @@ from examples.llama import train
 from examples.llama import trainer
 from examples.llama.train_config import TrainConfig
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 SMALL = {"num_layers": 1, "hidden_size": 64, "intermediate_size": 176, "num_heads": 4}
 RUN = dict(seq_len=32, batch_size=8, eval_batches=2, log_every=5, progress=False)

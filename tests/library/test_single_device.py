@@ -15,7 +15,7 @@ import sys
 import jax
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.single_device
@@ -32,7 +32,7 @@ def test_numerics_tests_pass_on_one_device():
                             env.get("XLA_FLAGS", "")).strip()
   result = subprocess.run(
       [sys.executable, "-m", "pytest", "-m", "single_device", "-p", "no:cacheprovider",
-       "--no-header", "tests"],
+       "--no-header", "tests/library"],
       cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=600)
   summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
   assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
