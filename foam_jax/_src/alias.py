@@ -66,7 +66,8 @@ def foam(
     eps: denominator term, ``>= 0``, added outside the bias correction (see
       :func:`scale_by_foam`).
     eps_root: added to the second moment inside the square root, ``>= 0``.
-    mu_dtype: storage dtype of the first moments (default: the param's; bfloat16 for float16 params);
+    mu_dtype: storage dtype of the first moments (default: the param's;
+      bfloat16 for float16 params);
       ``jnp.int8`` (or ``"int8"``) stores it blockwise-quantized in 8 bits
       (codes plus one float32 scale per 256 entries, see
       :class:`foam_jax.QuantizedMoments`).

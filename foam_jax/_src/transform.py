@@ -117,7 +117,8 @@ def scale_by_foam(
     eps: added to the denominator, ``>= 0``.
     eps_root: added to the second moment inside the square root (bias
       corrected, as ``optax.scale_by_adam``'s), ``>= 0``.
-    mu_dtype: dtype to store the first moments in (default: the param's; bfloat16 for float16 params).
+    mu_dtype: dtype to store the first moments in (default: the param's;
+      bfloat16 for float16 params).
       Arithmetic is float32 or wider, and the update reads the new moments
       as stored (rounded), like the authors' in-place code. A floating or
       complex dtype of 16 bits or more, or ``jnp.int8`` (or ``"int8"``):

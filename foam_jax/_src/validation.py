@@ -120,7 +120,8 @@ def storage_dtype(name: str, value: Any, *, real: bool = False) -> jnp.dtype | N
   """Checks a moment storage dtype (``mu_dtype``/``nu_dtype``); ``None`` passes.
 
   Moments need a floating dtype (or a complex one, unless ``real``) of at
-  least 16 bits and float32's range (not float16), or ``int8``, which means blockwise-quantized 8-bit storage
+  least 16 bits and float32's range (not float16), or ``int8``, which
+  means blockwise-quantized 8-bit storage
   (:mod:`foam_jax._src.quantize`). Other integer and bool storage would
   truncate them, and unscaled 8-bit floats underflow second moments, so
   training would silently stall.
