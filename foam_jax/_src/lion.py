@@ -13,6 +13,7 @@ import optax
 
 from foam_jax._src import folded_moments
 from foam_jax._src import moment
+from foam_jax._src import param_shapes as param_shapes_lib
 from foam_jax._src import placement
 from foam_jax._src import quantized_state
 from foam_jax._src import specs as specs_lib
@@ -30,10 +31,13 @@ class ScaleByFoldedLionState(NamedTuple):
     count: number of updates applied so far (``int32``).
     mu: the momentum; a folded leaf's has the parameter's rank with the fold
       axis shrunk to ``ceil(n / 2**level)``.
+    param_shapes: each parameter's shape at ``init``, as tree metadata (no
+      array leaf): ``update`` refuses gradients of other shapes.
   """
 
   count: jax.Array  # type: ignore[assignment]  # (tuple.count; Optax's name)
   mu: optax.Updates
+  param_shapes: param_shapes_lib.ParamShapes = param_shapes_lib.ParamShapes()
 
 
 def scale_by_folded_lion(
@@ -126,11 +130,13 @@ def scale_by_folded_lion(
         lambda spec, p: (moment.zeros(spec, p, mu_dtype),), specs, params,
         outputs=1)
     return ScaleByFoldedLionState(count=placement.count_zeros(params),
-                                  mu=quantized_state.pack(mu))
+                                  mu=quantized_state.pack(mu),
+                                  param_shapes=param_shapes_lib.record(params))
 
   def update_fn(updates, state, params=None):
     del params
     updates = _validation.as_arrays(updates)
+    param_shapes_lib.check(state.param_shapes, updates)
     specs = specs_lib.resolve_fold_specs(updates, fold_spec, fold_level)
 
     count = optax.safe_increment(state.count)
@@ -146,7 +152,8 @@ def scale_by_folded_lion(
       return fg.unblock(u).astype(g.dtype)
 
     updates = folded_moments.leaf_map(leaf_update, specs, leaves, updates)
-    return updates, ScaleByFoldedLionState(count=count, mu=mu)
+    return updates, ScaleByFoldedLionState(count=count, mu=mu,
+                                           param_shapes=state.param_shapes)
 
   return optax.GradientTransformation(init_fn, update_fn)
 

@@ -24,6 +24,7 @@ from foam_jax._src import fold_policy
 from foam_jax._src import folded_moments
 from foam_jax._src import moment
 from foam_jax._src import newton_schulz
+from foam_jax._src import param_shapes as param_shapes_lib
 from foam_jax._src import placement
 from foam_jax._src import quantize
 from foam_jax._src import quantized_state
@@ -50,11 +51,14 @@ class FoldedMuonState(NamedTuple):
     count: number of updates applied so far (``int32``).
     mu: the momentum, folded like FOAM's first moment.
     ns_coeffs: the Newton-Schulz coefficients, as Optax's.
+    param_shapes: each parameter's shape at ``init``, as tree metadata (no
+      array leaf): ``update`` refuses gradients of other shapes.
   """
 
   count: jax.Array  # type: ignore[assignment]  # (tuple.count; Optax's name)
   mu: optax.Updates
   ns_coeffs: jax.Array
+  param_shapes: param_shapes_lib.ParamShapes = param_shapes_lib.ParamShapes()
 
 
 def matrix_dimension_numbers(params: Any) -> Any:
@@ -202,11 +206,13 @@ def scale_by_folded_muon(
     # placed as its inputs and its second call does not recompile.
     coeffs = placement.replicated_zeros(coeffs.shape, coeffs.dtype, params) + coeffs
     return FoldedMuonState(
-        count=placement.count_zeros(params), mu=quantized_state.pack(mu), ns_coeffs=coeffs)
+        count=placement.count_zeros(params), mu=quantized_state.pack(mu), ns_coeffs=coeffs,
+        param_shapes=param_shapes_lib.record(params))
 
   def update_fn(updates, state, params=None):
     del params
     updates = _validation.as_arrays(updates)
+    param_shapes_lib.check(state.param_shapes, updates)
     specs = specs_lib.resolve_fold_specs(updates, fold_spec, fold_level)
     dim_nums = (weight_dimension_numbers(updates)
                 if callable(weight_dimension_numbers)
@@ -249,6 +255,7 @@ def scale_by_folded_muon(
           lambda x, y: jnp.sum(x.conj() * y) * y, m_hat, new_updates)
     updates = jax.tree.map(lambda u, g: u.astype(g.dtype), new_updates,
                            updates)
-    return updates, FoldedMuonState(count=count, mu=mu, ns_coeffs=state.ns_coeffs)
+    return updates, FoldedMuonState(count=count, mu=mu, ns_coeffs=state.ns_coeffs,
+                                     param_shapes=state.param_shapes)
 
   return optax.GradientTransformation(init_fn, update_fn)

@@ -12,6 +12,7 @@ import optax
 
 from foam_jax._src import folded_moments
 from foam_jax._src import moment
+from foam_jax._src import param_shapes as param_shapes_lib
 from foam_jax._src import placement
 from foam_jax._src import quantized_state
 from foam_jax._src import specs as specs_lib
@@ -36,11 +37,15 @@ class ScaleByFoamState(NamedTuple):
       Stored in 8 bits (``mu_dtype=jnp.int8``), a
       :class:`foam_jax.QuantizedMoments` of two such trees (codes, scales).
     nu: second moments, as ``mu``.
+    param_shapes: each parameter's shape at ``init``, as tree metadata (no
+      array leaf; see :class:`~foam_jax._src.param_shapes.ParamShapes`):
+      ``update`` refuses gradients of other shapes.
   """
 
   count: jax.Array  # type: ignore[assignment]  # (tuple.count; Optax's name)
   mu: optax.Updates
   nu: optax.Updates
+  param_shapes: param_shapes_lib.ParamShapes = param_shapes_lib.ParamShapes()
 
 
 def scale_by_foam(
@@ -133,7 +138,8 @@ def scale_by_foam(
       block (FOAM-Mini). Under ``optax.inject_hyperparams`` an explicitly
       passed level needs ``static_args=("fold_level",)``.
     alpha: scale of the update of folded leaves only (the paper's "scale";
-      its recipe uses ``0.25`` with learning rate ``1e-2``).
+      its recipe uses ``0.25`` with learning rate ``1e-2``). A leaf whose
+      fold axis has length 0 or 1 folds nothing and is Adam's (no ``alpha``).
     residual_scale: ``c`` above; ``0`` drops the residual.
     fold_spec: ``None`` for the default policy (each weight matrix folds
       along its input-feature axis, read from axis names, module types or
@@ -197,11 +203,13 @@ def scale_by_foam(
 
     mu, nu = moment.map_leaves(moments, specs, params, outputs=2)
     return ScaleByFoamState(count=placement.count_zeros(params),
-                            mu=quantized_state.pack(mu), nu=quantized_state.pack(nu))
+                            mu=quantized_state.pack(mu), nu=quantized_state.pack(nu),
+                            param_shapes=param_shapes_lib.record(params))
 
   def update_fn(updates, state, params=None):
     del params
     updates = _validation.as_arrays(updates)
+    param_shapes_lib.check(state.param_shapes, updates)
     specs = specs_lib.resolve_fold_specs(updates, fold_spec, fold_level)
     count = optax.safe_increment(state.count)
 
@@ -239,7 +247,7 @@ def scale_by_foam(
         [folded_moments.MomentUpdate(state.mu, b1, mu_target, "mu"),
          folded_moments.MomentUpdate(state.nu, b2, nu_target, "nu")],
         count=count, residual_scale=residual_scale, optax_order=optax_form)
-    new_state = ScaleByFoamState(count=count, mu=mu, nu=nu)
+    new_state = ScaleByFoamState(count=count, mu=mu, nu=nu, param_shapes=state.param_shapes)
 
     def reads(lm):
       """``M``, ``V`` (blocked view) and the leaf's scale."""

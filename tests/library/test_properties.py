@@ -13,12 +13,20 @@ on at least 99% of the entries (where the sign's argument is about 0, float32
 may round either way); folded Muon within ``1e-3`` times the learning rate
 (Newton-Schulz in float32).
 
+int8 moments are held to the float path on the same gradients: the same
+non-finite entries, and ``max |u|`` within 1.5x of the float path's plus
+``1e-3`` of the learning rate.
+
 CI runs a deterministic subset (``derandomize=True``); set
-``FOAM_JAX_PROPERTY_EXAMPLES`` for a longer random search.
+``FOAM_JAX_PROPERTY_EXAMPLES`` for a longer random search, and
+``FOAM_JAX_PROPERTY_REPORT`` to a file name to write each test's case
+count and worst error (as a fraction of its tolerance) there as JSON.
 """
 
 from __future__ import annotations
 
+import collections
+import json
 import os
 
 import hypothesis
@@ -41,6 +49,26 @@ SETTINGS = hypothesis.settings(
     max_examples=_EXAMPLES or 20, deadline=None, derandomize=not _EXAMPLES,
     suppress_health_check=list(hypothesis.HealthCheck), database=None)
 
+# Per test: cases run and the worst error as a fraction of its tolerance.
+CASES: collections.Counter = collections.Counter()
+WORST: dict[str, float] = collections.defaultdict(float)
+
+
+def _note(test: str, fraction: float) -> None:
+  WORST[test] = max(WORST[test], float(fraction))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report():
+  yield
+  path = os.environ.get("FOAM_JAX_PROPERTY_REPORT")
+  if path:
+    with open(path, "w") as f:
+      json.dump({"examples_per_test": _EXAMPLES or 20,
+                 "tests": {k: {"cases": CASES[k], "worst_fraction_of_tolerance": WORST[k]}
+                           for k in sorted(CASES)}}, f, indent=1)
+
+
 DIMS = st.sampled_from([0, 1, 2, 3, 5, 7, 8, 9, 13, 17])
 LEVELS = st.sampled_from([0, 1, 2, 3, 4, "whole_axis"])
 
@@ -62,6 +90,8 @@ def _rule(shape, spec) -> LeafRule:
   if spec is None or spec.level == 0:
     return LeafRule()
   n = shape[spec.axis]
+  if n <= 1:
+    return LeafRule()  # A fold axis of length 0 or 1 folds nothing: Adam's leaf.
   k = n if spec.level == "whole_axis" else 2 ** spec.level
   return LeafRule(axis=spec.axis, k=max(k, 1))
 
@@ -76,13 +106,15 @@ def _draws(rng, shapes, scale=1.0):
   return {k: (scale * rng.normal(size=s)).astype(np.float32) for k, s in shapes.items()}
 
 
-def _assert_close(got, want, rtol, name):
+def _assert_close(got, want, rtol, name, test=None):
   want = np.asarray(want)
   if want.size == 0:
     assert np.asarray(got).shape == want.shape, name
     return
   bound = rtol * max(1.0, float(np.max(np.abs(want))))
   err = float(np.max(np.abs(np.asarray(got, np.float64) - want)))
+  if test:
+    _note(test, err / bound)
   assert err <= bound, (name, err, bound)
 
 
@@ -111,12 +143,14 @@ def test_foam_matches_the_float64_reference(tree, seed, b1, b2, wd, nesterov,
   ref.init(params)
   jparams = jax.tree.map(jnp.asarray, params)
   state = tx.init(jparams)
+  CASES["foam"] += 1
   for _ in range(3):
     grads = _draws(rng, shapes)
     updates, state = tx.update(jax.tree.map(jnp.asarray, grads), state, jparams)
     new = ref.step(params, grads)
     for k in shapes:
-      _assert_close(updates[k], new[k] - np.asarray(params[k], np.float64), 2e-4 * lr, k)
+      _assert_close(updates[k], new[k] - np.asarray(params[k], np.float64), 2e-4 * lr, k,
+                    test="foam")
 
 
 @SETTINGS
@@ -143,7 +177,9 @@ def test_foam_lion_matches_the_float64_reference(tree, seed):
       got = np.asarray(updates[k], np.float64)
       close = np.abs(got - want) <= 1e-6 + 1e-4 * np.abs(want)
       if close.size:
+        _note("foam_lion", (1.0 - close.mean()) / 0.01)
         assert close.mean() >= 0.99, (k, got, want)
+  CASES["foam_lion"] += 1
 
 
 @st.composite
@@ -181,7 +217,9 @@ def test_foam_muon_matches_the_float64_reference(tree, seed, nesterov):
     for k in shapes:
       want = new[k] - np.asarray(params[k], np.float64)
       err = float(np.max(np.abs(np.asarray(updates[k], np.float64) - want)))
+      _note("foam_muon", err / (1e-3 * lr))
       assert err <= 1e-3 * lr, (k, err)
+  CASES["foam_muon"] += 1
 
 
 # --- Faults: the comparator on the same input. ---
@@ -193,19 +231,24 @@ FAULTS = st.sampled_from([3e38, 1e30, 1e20, 1e-30, 1e-45, 0.0, float("nan"), flo
 @SETTINGS
 @hypothesis.given(shape=st.sampled_from([(8, 4), (9, 5), (16, 3), (7,)]),
                   level=st.sampled_from([0, 1, 2, 3]), fault=FAULTS,
-                  where=st.integers(0, 2**16), step=st.integers(0, 2))
-def test_a_bad_entry_costs_no_more_than_its_fold_block(shape, level, fault, where, step):
-  """Float moments: non-finite updates only in the blocks of non-finite entries.
+                  where=st.integers(0, 2**16), step=st.integers(0, 2),
+                  storage=st.sampled_from([None, jnp.int8]))
+def test_a_bad_entry_costs_no_more_than_its_fold_block(shape, level, fault, where, step,
+                                                       storage):
+  """Non-finite updates only in the blocks of non-finite entries.
 
   A finite entry (however large) leaves every update finite and within the
-  lr-scaled bound of Adam's step, as ``optax.adamw`` does.
+  lr-scaled bound of Adam's step, as ``optax.adamw`` does; with float and
+  int8 moments.
   """
   rng = np.random.default_rng(where)
   axis = -2 if len(shape) == 2 else -1
   k = 2 ** level
   lr = 1e-3
-  tx = foam_jax.foam(lr, weight_decay=0.0, fold_spec={"w": FoldSpec(axis=axis, level=level)})
+  tx = foam_jax.foam(lr, weight_decay=0.0, fold_spec={"w": FoldSpec(axis=axis, level=level)},
+                     mu_dtype=storage, nu_dtype=storage)
   ref = optax.adamw(lr, weight_decay=0.0)
+  CASES["faults, " + ("int8" if storage else "float")] += 1
   params = {"w": jnp.zeros(shape)}
   s, s_ref = tx.init(params), ref.init(params)
   index = tuple(int(rng.integers(0, n)) for n in shape)
@@ -226,10 +269,49 @@ def test_a_bad_entry_costs_no_more_than_its_fold_block(shape, level, fault, wher
     if np.isfinite(fault):
       assert np.all(np.isfinite(u)), (t, fault)
       # Adam's step is at most lr / sqrt(1 - b2) in size (b1 < sqrt(b2)).
+      _note("faults, " + ("int8" if storage else "float"), np.max(np.abs(u)) / (lr * 35))
       assert np.max(np.abs(u)) <= lr * 35, (t, fault, np.max(np.abs(u)))
     else:
       assert np.all(np.isfinite(u[~bad_blocks])), (t, fault)
       assert np.isfinite(np.asarray(u_ref["w"])).sum() >= np.isfinite(u).sum()
+
+
+@hypothesis.settings(SETTINGS, max_examples=_EXAMPLES or 8)
+@hypothesis.given(tree=trees(min_rank=1), seed=st.integers(0, 2**16),
+                  moments=st.sampled_from(["mu", "nu", "both"]),
+                  fault=st.sampled_from([None, 3e38, 1e20, 1e-30, 0.0, float("nan"),
+                                         float("inf")]))
+def test_int8_moments_stay_within_the_float_paths_bound(tree, seed, moments, fault):
+  """int8 against the float path on the same gradients (random trees, levels,
+  axes, tail blocks, faults): the same non-finite entries, and ``max |u|``
+  within 1.5x of the float path's plus 1e-3 of the lr."""
+  shapes = {k: s for k, (s, _) in tree.items()}
+  specs = {k: spec for k, (_, spec) in tree.items()}
+  rng = np.random.default_rng(seed)
+  lr = 1e-3
+  int8 = {"mu_dtype": jnp.int8} if moments != "nu" else {}
+  int8 |= {"nu_dtype": jnp.int8} if moments != "mu" else {}
+  txs = [foam_jax.foam(lr, weight_decay=0.0, fold_spec=specs, **kw) for kw in ({}, int8)]
+  params = {k: jnp.zeros(s) for k, s in shapes.items()}
+  states = [tx.init(params) for tx in txs]
+  CASES["int8 against float"] += 1
+  for t in range(3):
+    grads = _draws(rng, shapes)
+    if t == 0 and fault is not None:
+      for g in grads.values():
+        if g.size:
+          g.flat[int(rng.integers(0, g.size))] = fault
+    outs = [tx.update(jax.tree.map(jnp.asarray, grads), s, params)
+            for tx, s in zip(txs, states)]
+    states = [s for _, s in outs]
+    for k in shapes:
+      f, q = np.asarray(outs[0][0][k]), np.asarray(outs[1][0][k])
+      np.testing.assert_array_equal(np.isfinite(q), np.isfinite(f), err_msg=k)
+      kept = np.isfinite(f)
+      if kept.any():
+        bound = 1.5 * np.abs(f[kept]).max() + 1e-3 * lr
+        _note("int8 against float", np.abs(q[kept]).max() / bound)
+        assert np.abs(q[kept]).max() <= bound, (k, t)
 
 
 def test_the_suite_is_deterministic_in_ci():

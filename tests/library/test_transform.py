@@ -257,6 +257,9 @@ def test_state_from_other_params_is_rejected():
   tx = foam_jax.scale_by_foam()
   state = tx.init({"w": jnp.ones((8, 4))})
   with pytest.raises(ValueError, match="does not fit a gradient"):
+    tx.update({"w": jnp.ones((8, 5, 2))}, state._replace(
+        param_shapes=foam_jax.ScaleByFoamState(None, None, None).param_shapes))
+  with pytest.raises(ValueError, match=r"\['w'\] has shape \(8, 5, 2\).*shape \(8, 4\)"):
     tx.update({"w": jnp.ones((8, 5, 2))}, state)
 
 
