@@ -156,8 +156,7 @@ def ema(old: jax.Array | quantize.QuantizedMoment, target: jax.Array,
     return stored.astype(compute_dtype or stored.dtype), stored
   new = average(old.astype(compute_dtype or jnp.float32))
   if target_max is None:
-    target_max = quantize.block_stats(
-        target, old.block, nonnegative=not isinstance(old, quantize.SignedQuantizedMoment))
+    target_max = quantize.block_stats(target, old.block)
   scale = decay * old.bounds + (1.0 - decay) * target_max.top
   return new, quantize.quantize(new, old, step, scale=scale,
                                 nonfinite=old.nonfinite | target_max.nonfinite)
@@ -177,14 +176,14 @@ def gradient_maxima(g: jax.Array, geom: moment.Geometry | None,
   if geom is not None or not quantized or len({p.block for p in quantized}) > 1:
     return [None] * len(moments)
   block = quantized[0].block
-  out: dict[str, quantize.BlockStats] = {}
-  for m in moments:
-    if m.target == "mean" and "mean" not in out:
-      out["mean"] = quantize.block_stats(g, block)
-    elif m.target != "mean" and "square" not in out:
-      top = quantize.block_stats(g, block, limit=quantize.SQUARE_LIMIT)
-      out["square"] = top._replace(top=top.top * top.top)
-  return [out["mean" if m.target == "mean" else "square"] for m in moments]
+
+  def stats(target: Target) -> quantize.BlockStats:
+    if target == "mean":
+      return quantize.block_stats(g, block)
+    top = quantize.block_stats(g, block, limit=quantize.SQUARE_LIMIT)
+    return top._replace(top=top.top * top.top)
+
+  return [stats(m.target) for m in moments]
 
 
 def _unfolded_read(fg: moment.FoldedGradient, m: MomentUpdate, previous: Any,

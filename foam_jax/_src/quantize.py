@@ -82,7 +82,6 @@ __all__ = [
     "BlockStats",
     "QuantizedMoment",
     "SignedQuantizedMoment",
-    "block_max",
     "block_size",
     "block_stats",
     "dequantize",
@@ -294,26 +293,6 @@ def _unblocked(x: jax.Array, n: int) -> jax.Array:
   return x.reshape(x.shape[:-2] + (x.shape[-2] * x.shape[-1],))[..., :n]
 
 
-def block_max(x: jax.Array, block: int, *, nonnegative: bool = False
-              ) -> jax.Array:
-  """``max |x|`` over each block of ``block`` entries of the last axis.
-
-  The result has the shape of a :class:`QuantizedMoment`'s scales for ``x``.
-  Computed as ``max(max x, -min x)`` (``max x`` alone if ``nonnegative``).
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> block_max(jnp.array([[1.0, -3.0, 2.0]]), 2).tolist()
-    [[3.0, 2.0]]
-  """
-  shape = tuple(x.shape)
-  xb = _blocked(x.astype(jnp.float32).reshape(shape or (1,)), block)
-  top = jnp.max(xb, axis=-1)
-  if not nonnegative:
-    top = jnp.maximum(top, -jnp.min(xb, axis=-1))
-  return top.reshape(_scales_shape(shape, block))
-
-
 class BlockStats(NamedTuple):
   """What a block's scale is made from.
 
@@ -326,14 +305,12 @@ class BlockStats(NamedTuple):
   nonfinite: jax.Array
 
 
-def block_stats(x: jax.Array, block: int, *, nonnegative: bool = False,
-                limit: Any = None) -> BlockStats:
+def block_stats(x: jax.Array, block: int, *, limit: Any = None) -> BlockStats:
   """``max |x|`` over each block's finite entries, and which blocks hold others.
 
   Args:
     x: the entries (real).
     block: entries per block along the last axis.
-    nonnegative: ``x >= 0`` where finite (one reduction fewer).
     limit: entries with ``|x| > limit`` count as non-finite (so that the
       caller may square the maximum: :data:`SQUARE_LIMIT`).
 
@@ -345,7 +322,7 @@ def block_stats(x: jax.Array, block: int, *, nonnegative: bool = False,
   """
   shape = tuple(x.shape)
   x = x.astype(jnp.float32).reshape(shape or (1,))
-  mag = x if nonnegative else jnp.abs(x)
+  mag = jnp.abs(x)  # Also clears the sign of -0.0, whose bits order last.
   ok = mag <= (np.float32(np.finfo(np.float32).max) if limit is None else limit)
   # One pass: a finite entry's bits with the lowest cleared (orders as its
   # value, 1 ulp below at most), a non-finite one as bit 0 alone; reduced by

@@ -12,22 +12,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import foam_jax
-
-
-def _mesh(axis_type=AxisType.Explicit):
-  return jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
-
-
-def _sharded(mesh, narrow=True):
-  return {
-      "w": jax.device_put(jnp.asarray(
-          np.random.default_rng(6).standard_normal((64, 2048)), jnp.float32),
-          NamedSharding(mesh, P("data", "model"))),
-      "b": jax.device_put(jnp.ones((2048,)), NamedSharding(mesh, P("model"))),
-      **({"n": jax.device_put(jnp.ones((64,)), NamedSharding(mesh, P("data")))}
-         if narrow else {}),
-  }
-
+from tests.library.int8_meshes import mesh as _mesh
+from tests.library.int8_meshes import sharded_params as _sharded
 
 
 class _Mlp(nnx.Module):

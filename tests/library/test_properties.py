@@ -118,6 +118,21 @@ def _assert_close(got, want, rtol, name, test=None):
   assert err <= bound, (name, err, bound)
 
 
+def _against_reference(tx, ref, params, shapes, rng, test, steps=3):
+  """Yields ``(leaf, ours, reference's)`` updates over ``steps`` steps on the
+  same gradients (the reference's in float64), counting one case of ``test``."""
+  ref.init(params)
+  jparams = jax.tree.map(jnp.asarray, params)
+  state = tx.init(jparams)
+  CASES[test] += 1
+  for _ in range(steps):
+    grads = _draws(rng, shapes)
+    updates, state = tx.update(jax.tree.map(jnp.asarray, grads), state, jparams)
+    new = ref.step(params, grads)
+    for k in shapes:
+      yield k, np.asarray(updates[k], np.float64), new[k] - np.asarray(params[k], np.float64)
+
+
 @SETTINGS
 @hypothesis.given(tree=trees(), seed=st.integers(0, 2**16),
                   b1=st.sampled_from([0.0, 0.9]), b2=st.sampled_from([0.95, 0.999]),
@@ -140,17 +155,8 @@ def test_foam_matches_the_float64_reference(tree, seed, b1, b2, wd, nesterov,
       optax.add_decayed_weights(wd), optax.scale_by_learning_rate(lr))
   ref = NumpyFoam(rules, lr=lr, b1=b1, b2=b2, eps=1e-8, wd=wd, alpha=alpha, c=c,
                   second_moment=second_moment, eps_root=eps_root, nesterov=nesterov)
-  ref.init(params)
-  jparams = jax.tree.map(jnp.asarray, params)
-  state = tx.init(jparams)
-  CASES["foam"] += 1
-  for _ in range(3):
-    grads = _draws(rng, shapes)
-    updates, state = tx.update(jax.tree.map(jnp.asarray, grads), state, jparams)
-    new = ref.step(params, grads)
-    for k in shapes:
-      _assert_close(updates[k], new[k] - np.asarray(params[k], np.float64), 2e-4 * lr, k,
-                    test="foam")
+  for k, got, want in _against_reference(tx, ref, params, shapes, rng, "foam"):
+    _assert_close(got, want, 2e-4 * lr, k, test="foam")
 
 
 @SETTINGS
@@ -164,22 +170,12 @@ def test_foam_lion_matches_the_float64_reference(tree, seed):
   lr, wd = 1e-3, 1e-3
   tx = foam_jax.foam_lion(lr, weight_decay=wd, fold_spec=specs)
   ref = NumpyFoldedLion(rules, lr=lr, wd=wd)
-  ref.init(params)
-  jparams = jax.tree.map(jnp.asarray, params)
-  state = tx.init(jparams)
-  for _ in range(3):
-    grads = _draws(rng, shapes)
-    updates, state = tx.update(jax.tree.map(jnp.asarray, grads), state, jparams)
-    new = ref.step(params, grads)
-    for k in shapes:
-      want = new[k] - np.asarray(params[k], np.float64)
-      # Where the sign's argument is near 0, float32 may round either way.
-      got = np.asarray(updates[k], np.float64)
-      close = np.abs(got - want) <= 1e-6 + 1e-4 * np.abs(want)
-      if close.size:
-        _note("foam_lion", (1.0 - close.mean()) / 0.01)
-        assert close.mean() >= 0.99, (k, got, want)
-  CASES["foam_lion"] += 1
+  for k, got, want in _against_reference(tx, ref, params, shapes, rng, "foam_lion"):
+    # Where the sign's argument is near 0, float32 may round either way.
+    close = np.abs(got - want) <= 1e-6 + 1e-4 * np.abs(want)
+    if close.size:
+      _note("foam_lion", (1.0 - close.mean()) / 0.01)
+      assert close.mean() >= 0.99, (k, got, want)
 
 
 @st.composite
@@ -207,19 +203,10 @@ def test_foam_muon_matches_the_float64_reference(tree, seed, nesterov):
   tx = foam_jax.foam_muon(lr, nesterov=nesterov, fold_spec=specs,
                           muon_weight_dimension_numbers=dims)
   ref = NumpyFoldedMuon(rules, list(shapes), lr=lr, nesterov=nesterov)
-  ref.init(params)
-  jparams = jax.tree.map(jnp.asarray, params)
-  state = tx.init(jparams)
-  for _ in range(3):
-    grads = _draws(rng, shapes)
-    updates, state = tx.update(jax.tree.map(jnp.asarray, grads), state, jparams)
-    new = ref.step(params, grads)
-    for k in shapes:
-      want = new[k] - np.asarray(params[k], np.float64)
-      err = float(np.max(np.abs(np.asarray(updates[k], np.float64) - want)))
-      _note("foam_muon", err / (1e-3 * lr))
-      assert err <= 1e-3 * lr, (k, err)
-  CASES["foam_muon"] += 1
+  for k, got, want in _against_reference(tx, ref, params, shapes, rng, "foam_muon"):
+    err = float(np.max(np.abs(got - want)))
+    _note("foam_muon", err / (1e-3 * lr))
+    assert err <= 1e-3 * lr, (k, err)
 
 
 # --- Faults: the comparator on the same input. ---

@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from int8_meshes import mesh as _mesh
+from int8_meshes import sharded_params as _sharded
 from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -330,19 +332,6 @@ def test_memory_is_about_half_of_bf16():
   assert 0.5 < ratio < 0.51  # 1 + 4/256 bytes per entry against 2.
 
 
-def _mesh(axis_type=AxisType.Explicit):
-  return jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
-
-
-def _sharded(mesh, narrow=True):
-  return {
-      "w": jax.device_put(jnp.asarray(
-          np.random.default_rng(6).standard_normal((64, 2048)), jnp.float32),
-          NamedSharding(mesh, P("data", "model"))),
-      "b": jax.device_put(jnp.ones((2048,)), NamedSharding(mesh, P("model"))),
-      **({"n": jax.device_put(jnp.ones((64,)), NamedSharding(mesh, P("data")))}
-         if narrow else {}),
-  }
 
 
 @pytest.mark.parametrize("axis_type", [AxisType.Explicit, AxisType.Auto])

@@ -47,9 +47,11 @@ def _run_side_by_side(make, params, bad, steps=6, seed=0):
       yield t, k, np.asarray(outs[0][0][k]), np.asarray(outs[1][0][k])
 
 
-def _assert_no_worse(t, k, float_u, int8_u):
-  lost_float = ~np.isfinite(float_u) | (float_u == 0)
-  lost_int8 = ~np.isfinite(int8_u) | (int8_u == 0)
+def _assert_no_worse(t, k, float_u, int8_u, zeros_lost=True):
+  """No entry lost (non-finite, or zero if ``zeros_lost``) that the float path
+  keeps, and ``max |u|`` within 1.5x of the float path's plus 1e-3 of the lr."""
+  lost_float = ~np.isfinite(float_u) | (zeros_lost & (float_u == 0))
+  lost_int8 = ~np.isfinite(int8_u) | (zeros_lost & (int8_u == 0))
   assert not (lost_int8 & ~lost_float).any(), (t, k, np.argwhere(lost_int8 & ~lost_float)[:4])
   kept = ~lost_float
   assert np.abs(int8_u[kept]).max() <= 1.5 * np.abs(float_u[kept]).max() + 1e-3 * LR, (t, k)
@@ -176,5 +178,4 @@ def test_float16_params_store_bfloat16_moments_within_the_bound(level, huge):
     # Non-finite where the float32 moments' update is (a rounded-away first
     # moment may zero an entry: rounding, not a fault).
     np.testing.assert_array_equal(np.isfinite(low_u), np.isfinite(float_u))
-    kept = np.isfinite(float_u)
-    assert np.abs(low_u[kept]).max() <= 1.5 * np.abs(float_u[kept]).max() + 1e-3 * LR, (t, k)
+    _assert_no_worse(t, k, float_u, low_u, zeros_lost=False)
