@@ -64,6 +64,7 @@ from typing import NamedTuple
 import jax
 
 from foam_jax._src import folding
+from foam_jax._src import stack_nodes
 
 __all__ = ["ATTENTION_PROJECTIONS", "FoldPolicy", "LAYER_AXIS_NAMES", "MatrixAxes",
            "UNFOLDED_PATH_FRAGMENTS", "fold_axes"]
@@ -107,24 +108,6 @@ class FoldPolicy:
       object.__setattr__(self, field, tuple(value))
 
 
-def _is(node: Any, package: str, *names: str) -> bool:
-  """``node``'s class or a base is ``package``'s class named one of ``names``."""
-  return any(c.__name__ in names and c.__module__.split(".")[0] == package
-             for c in type(node).__mro__)
-
-
-def _is_box(node):  # Flax Linen Partitioned / LogicallyPartitioned.
-  return _is(node, "flax", "Partitioned")
-
-
-def _is_variable(node):  # Flax NNX Variable.
-  return _is(node, "flax", "Variable") and hasattr(node, "get_metadata")
-
-
-def _is_named_array(node):
-  return _is(node, "haliax", "NamedArray")
-
-
 _EQX_OUT_IN = ("Linear", "GRUCell", "LSTMCell")
 _EQX_CONV = ("Conv", "ConvTranspose")
 _EQX_ADAM = ("Embedding", "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm", "PReLU")
@@ -132,22 +115,9 @@ _EQX_ADAM = ("Embedding", "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm", "PRe
 
 def _is_context(node: Any) -> bool:
   """Nodes whose type or metadata describes the arrays inside them."""
-  return (_is_box(node) or _is_variable(node) or _is_named_array(node)
-          or _is(node, "haliax", "Linear", "Embedding")
-          or _is(node, "equinox", *_EQX_OUT_IN, *_EQX_CONV, *_EQX_ADAM))
-
-
-def _axis_names(node: Any) -> tuple[Any, ...] | None:
-  if _is_box(node):
-    return tuple(node.names)
-  if _is_variable(node):
-    meta = node.get_metadata()
-    names = meta.get("out_sharding") or meta.get("sharding_names")
-    return tuple(names) if names else None
-  if _is_named_array(node):
-    names = getattr(node, "axis_names", None)
-    return tuple(names) if names is not None else tuple(a.name for a in node.axes)
-  return None
+  return (stack_nodes.is_named_node(node)
+          or stack_nodes.is_class_of(node, "haliax", "Linear", "Embedding")
+          or stack_nodes.is_class_of(node, "equinox", *_EQX_OUT_IN, *_EQX_CONV, *_EQX_ADAM))
 
 
 def _is_layer_name(name: Any, layer_names: tuple[str, ...]) -> bool:
@@ -212,15 +182,16 @@ def _module_axes(module, field_path: str, shape, names, policy, level):
   """Candidate fold axes of an array in a standard layer (``None``: Adam)."""
   ndim = len(shape)
   field = field_path.lstrip(".").split(".")[0].split("[")[0]
-  if _is(module, "equinox", *_EQX_ADAM) or _is(module, "haliax", "Embedding"):
+  if (stack_nodes.is_class_of(module, "equinox", *_EQX_ADAM)
+      or stack_nodes.is_class_of(module, "haliax", "Embedding")):
     return None
   if not field.startswith("weight"):
     return None  # Biases.
   if ndim < 2:
     return None
-  if _is(module, "equinox", *_EQX_OUT_IN):
+  if stack_nodes.is_class_of(module, "equinox", *_EQX_OUT_IN):
     return _matrix(ndim, (ndim - 1, ndim - 2), (ndim - 1,), (ndim - 2,))
-  if _is(module, "equinox", *_EQX_CONV):
+  if stack_nodes.is_class_of(module, "equinox", *_EQX_CONV):
     in_axis = ndim - module.num_spatial_dims - 1
     return _matrix(ndim, (in_axis, in_axis - 1), (in_axis,), (in_axis - 1,))
   # haliax Linear: its In axes by name, innermost first.
@@ -256,24 +227,24 @@ def fold_axes(params: Any, policy: FoldPolicy, level: Any, *, flax_names: bool =
     if not _is_context(node):
       decisions.append(_decide(policy, level, path, node))
       continue
-    is_module = not (_is_box(node) or _is_variable(node) or _is_named_array(node))
-    stop_at_named = lambda x, root=node: x is not root and _is_named_array(x)
+    is_module = not stack_nodes.is_named_node(node)
+    stop_at_named = lambda x, root=node: x is not root and stack_nodes.is_named_array(x)
     for sub, leaf in jax.tree_util.tree_flatten_with_path(node, is_leaf=stop_at_named)[0]:
-      if _is_named_array(leaf) and not jax.tree.leaves(leaf):
+      if stack_nodes.is_named_array(leaf) and not jax.tree.leaves(leaf):
         continue  # An absent parameter (None, optax.MaskedNode) in a NamedArray.
-      names = _axis_names(leaf) if _is_named_array(leaf) else _axis_names(node)
-      if not flax_names and (_is_box(node) or _is_variable(node)):
+      names = stack_nodes.axis_names(leaf if stack_nodes.is_named_array(leaf) else node)
+      if not flax_names and (stack_nodes.is_flax_box(node) or stack_nodes.is_nnx_variable(node)):
         names = None
-      if _is_named_array(leaf):
+      if stack_nodes.is_named_array(leaf):
         leaf = leaf.array
-      if _is(node, "flax", "LoRAParam"):
+      if stack_nodes.is_class_of(node, "flax", "LoRAParam"):
         decisions.append(None)  # Adapters keep Adam's moments.
         continue
       decisions.append(_decide(
           policy, level, tuple(path) + tuple(sub), leaf, names,
           module=node if is_module else None,
           field_path=jax.tree_util.keystr(tuple(sub)),
-          inputs_first=not _is_named_array(node)))
+          inputs_first=not stack_nodes.is_named_array(node)))
   return decisions
 
 

@@ -298,7 +298,7 @@ def update_moments(
   stored = tuple(
       quantized_state.pack(jax.tree.map(
           lambda _, lm, i=i: lm.stored[i] if isinstance(lm, LeafMoments) else lm,
-          specs, leaves, is_leaf=specs_lib.is_spec_leaf))
+          specs, leaves, is_leaf=specs_lib.is_spec_leaf), like=moments[i].stored)
       for i in range(len(moments)))
   return leaves, stored
 

@@ -13,9 +13,9 @@ import optax
 
 from foam_jax._src import folded_moments
 from foam_jax._src import moment
+from foam_jax._src import named_scales
 from foam_jax._src import param_shapes as param_shapes_lib
 from foam_jax._src import placement
-from foam_jax._src import quantized_state
 from foam_jax._src import specs as specs_lib
 from foam_jax._src import validation as _validation
 
@@ -130,7 +130,7 @@ def scale_by_folded_lion(
         lambda spec, p: (moment.zeros(spec, p, mu_dtype),), specs, params,
         outputs=1)
     return ScaleByFoldedLionState(count=placement.count_zeros(params),
-                                  mu=quantized_state.pack(mu),
+                                  mu=named_scales.stored(params, mu),
                                   param_shapes=param_shapes_lib.record(params))
 
   def update_fn(updates, state, params=None):

@@ -23,11 +23,11 @@ from optax.contrib import MuonDimensionNumbers
 from foam_jax._src import fold_policy
 from foam_jax._src import folded_moments
 from foam_jax._src import moment
+from foam_jax._src import named_scales
 from foam_jax._src import newton_schulz
 from foam_jax._src import param_shapes as param_shapes_lib
 from foam_jax._src import placement
 from foam_jax._src import quantize
-from foam_jax._src import quantized_state
 from foam_jax._src import specs as specs_lib
 from foam_jax._src import validation as _validation
 
@@ -206,7 +206,7 @@ def scale_by_folded_muon(
     # placed as its inputs and its second call does not recompile.
     coeffs = placement.replicated_zeros(coeffs.shape, coeffs.dtype, params) + coeffs
     return FoldedMuonState(
-        count=placement.count_zeros(params), mu=quantized_state.pack(mu), ns_coeffs=coeffs,
+        count=placement.count_zeros(params), mu=named_scales.stored(params, mu), ns_coeffs=coeffs,
         param_shapes=param_shapes_lib.record(params))
 
   def update_fn(updates, state, params=None):

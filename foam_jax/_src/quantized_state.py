@@ -53,22 +53,30 @@ def _is_view(x: Any) -> bool:
   return isinstance(x, quantize.QuantizedMoment)
 
 
-def pack(tree: Any) -> Any:
+def pack(tree: Any, like: Any = None) -> Any:
   """A tree of per-parameter moments as the state stores it.
 
   A tree holding :class:`~foam_jax._src.quantize.QuantizedMoment` s becomes one
   :class:`QuantizedMoments` (codes and scales as two trees); a float tree is
-  returned as it is.
+  returned as it is. ``like``, the stored field being replaced, keeps its
+  trees' own node metadata (a stack's axis names on the scales, see
+  :mod:`foam_jax._src.named_scales`).
   """
   if not any(_is_view(x) for x in jax.tree.leaves(tree, is_leaf=_is_view)):
     return tree
-  return QuantizedMoments(
-      codes=jax.tree.map(lambda q: q.codes, tree, is_leaf=_is_view),
-      scales=jax.tree.map(lambda q: q.scales, tree, is_leaf=_is_view))
+  codes = jax.tree.map(lambda q: q.codes, tree, is_leaf=_is_view)
+  scales = jax.tree.map(lambda q: q.scales, tree, is_leaf=_is_view)
+  if isinstance(like, QuantizedMoments):
+    codes = jax.tree.unflatten(jax.tree.structure(like.codes), jax.tree.leaves(codes))
+    scales = jax.tree.unflatten(jax.tree.structure(like.scales), jax.tree.leaves(scales))
+  return QuantizedMoments(codes=codes, scales=scales)
 
 
 def unpack(stored: Any, *, signed: bool) -> Any:
   """The per-parameter moments of a stored moment tree (:func:`pack`'s inverse).
+
+  The views follow the codes' tree; the scales' may name their axes
+  differently (:mod:`foam_jax._src.named_scales`).
 
   Args:
     stored: a state's moment field: a float tree, or a
@@ -78,7 +86,12 @@ def unpack(stored: Any, *, signed: bool) -> Any:
   if not isinstance(stored, QuantizedMoments):
     return stored
   view = quantize.SignedQuantizedMoment if signed else quantize.QuantizedMoment
-  return jax.tree.map(view, stored.codes, stored.scales)
+  codes, treedef = jax.tree.flatten(stored.codes)
+  scales = jax.tree.leaves(stored.scales)
+  if len(codes) != len(scales):
+    raise ValueError(
+        f"int8 moments: {len(codes)} code arrays but {len(scales)} scale arrays.")
+  return jax.tree.unflatten(treedef, [view(c, s) for c, s in zip(codes, scales)])
 
 
 OLD_INT8_LAYOUT = (

@@ -12,9 +12,9 @@ import optax
 
 from foam_jax._src import folded_moments
 from foam_jax._src import moment
+from foam_jax._src import named_scales
 from foam_jax._src import param_shapes as param_shapes_lib
 from foam_jax._src import placement
-from foam_jax._src import quantized_state
 from foam_jax._src import specs as specs_lib
 from foam_jax._src import validation as _validation
 
@@ -203,7 +203,8 @@ def scale_by_foam(
 
     mu, nu = moment.map_leaves(moments, specs, params, outputs=2)
     return ScaleByFoamState(count=placement.count_zeros(params),
-                            mu=quantized_state.pack(mu), nu=quantized_state.pack(nu),
+                            mu=named_scales.stored(params, mu),
+                            nu=named_scales.stored(params, nu),
                             param_shapes=param_shapes_lib.record(params))
 
   def update_fn(updates, state, params=None):

@@ -114,7 +114,11 @@ def test_reduce_on_plateau_takes_the_loss_as_value():
 
 @pytest.mark.parametrize("name", list(TXS))
 def test_boxed_params_give_the_state_their_logical_specs(name):
-  """MaxText's recipe: the state's PartitionSpecs from the boxed params."""
+  """MaxText's recipe: the state's PartitionSpecs from the boxed params.
+
+  int8 scales of ``down`` (its last axis, ``out``, 4 long: too short for a
+  block of 16 in any split) keep no name on that axis.
+  """
   x, _ = _data()
   tx = TXS[name]()
 
@@ -127,7 +131,8 @@ def test_boxed_params_give_the_state_their_logical_specs(name):
 
   def visit(path, spec):
     keys = jax.tree_util.keystr(path)
-    for layer, want in (("up", P("embed", "mlp")), ("down", P("mlp", "out"))):
+    down = P("mlp", None) if ".scales" in keys else P("mlp", "out")
+    for layer, want in (("up", P("embed", "mlp")), ("down", down)):
       if f"['{layer}']['kernel']" in keys and ".opt_state" in keys:
         found.setdefault(layer, []).append(spec == want)
 

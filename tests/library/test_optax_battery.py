@@ -14,16 +14,14 @@ runs Muon on real ones only (``contrib/_common_test.py``); the folded
 versions mirror exactly those skips and nothing more.
 """
 
-import contextlib
 import inspect
-import logging
-import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from compile_log import compilations
 
 import foam_jax
 
@@ -70,30 +68,6 @@ def moment_states(state):
 def make(name):
   factory, kwargs, _ = OPTIMIZERS[name]
   return factory(**kwargs)
-
-
-@contextlib.contextmanager
-def compilations():
-  """Collects the messages of the XLA compilations that happen inside."""
-  messages = []
-
-  class Collect(logging.Handler):
-
-    def emit(self, record):
-      if re.search(r"Finished .* compilation", record.getMessage()):
-        messages.append(record.getMessage())
-
-  handler = Collect(level=logging.DEBUG)
-  logger = logging.getLogger("jax")
-  old_level = logger.level
-  logger.addHandler(handler)
-  logger.setLevel(logging.DEBUG)
-  try:
-    with jax.log_compiles():
-      yield messages
-  finally:
-    logger.removeHandler(handler)
-    logger.setLevel(old_level)
 
 
 # --- Targets: (initial params, minimiser, objective). ---

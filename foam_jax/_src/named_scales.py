@@ -1,0 +1,118 @@
+r"""int8 block scales for parameters whose stack names the quantized axis.
+
+An int8 moment keeps one scale per block of ``B`` entries along its last
+axis (:mod:`foam_jax._src.quantize`), so its scales are the moment's shape
+with that axis shrunk to :math:`\lceil n / B \rceil`. A stack that names the
+parameter's axes (Linen boxes, NNX ``Variable`` metadata, haliax
+``NamedArray`` s) hands ``tx.init`` the names with the arrays, and the state
+made by Optax's tree maps puts the same names on the scales, which the stack
+then shards as it shards the parameter (``nn.get_sharding``,
+``nnx.get_partition_spec``, haliax's axis mappings). A named last axis must
+therefore leave the scales divisible by whatever mesh axes the name stands
+for, with each block inside one shard, so that the update stays free of
+collectives.
+
+``init`` fits the block to the split when it can see it (a placed array, a
+mesh in context: :func:`~foam_jax._src.quantize.block_size`). When it
+cannot (``jax.eval_shape(init)`` outside a mesh, then
+``jax.jit(init, out_shardings=...)``, as nanodo and MaxText do; an eager
+``init`` before placement), a named last axis of length :math:`n` could be
+split :math:`m` ways for any :math:`m > 1` dividing both the device count and
+:math:`n`. The block becomes the largest power of two ``<= B`` that divides
+every such slice :math:`n / m` (so :math:`n / B` stays a multiple of each
+:math:`m`); if some slice is shorter than
+:data:`~foam_jax._src.quantize.MIN_BLOCK_SIZE` or not a multiple of it, no
+block fits every split, and the scales' last axis loses its name (its
+scales are replicated; the update is right, with a small collective over
+that axis).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from foam_jax._src import placement
+from foam_jax._src import quantize
+from foam_jax._src import quantized_state
+from foam_jax._src import stack_nodes
+
+__all__ = ["stored", "unseen_split_block"]
+
+
+def unseen_split_block(n: int, block: int, devices: int) -> int | None:
+  """The block for a named axis of length ``n`` split an unseen number of ways.
+
+  Args:
+    n: the moment's last axis.
+    block: the block chosen without names.
+    devices: how many devices the split can use.
+
+  Returns:
+    The largest power of two ``<= block`` dividing ``n / m`` for every
+    ``m > 1`` dividing ``devices`` and ``n``; ``block`` if there is no such
+    ``m``; ``None`` if some ``n / m`` is not a multiple of
+    ``MIN_BLOCK_SIZE`` (no block fits every split).
+
+  Examples:
+    >>> unseen_split_block(4096, 256, devices=8)
+    256
+    >>> unseen_split_block(32, 256, devices=2)
+    16
+    >>> unseen_split_block(32, 256, devices=4) is None   # 4 ways: 8 entries
+    True
+  """
+  slices = {n // m for m in range(2, devices + 1) if devices % m == 0 and n % m == 0}
+  if any(s % quantize.MIN_BLOCK_SIZE for s in slices):
+    return None
+  while any(s % block for s in slices):
+    block //= 2
+  return block
+
+
+def _fitted(param_node: Any, codes_node: Any, scales_node: Any) -> Any:
+  """``scales_node`` fitted to ``param_node``'s name on the quantized axis."""
+  names = stack_nodes.axis_names(param_node)
+  (param,) = jax.tree.leaves(param_node) or (None,)
+  scales_leaves = jax.tree.leaves(scales_node)
+  if (not names or names[-1] is None or param is None or len(scales_leaves) != 1
+      or placement.known_sharding(param) is not None
+      or placement.hidden_mesh_shape(param) is not None):
+    return scales_node
+  (codes,), (scales,) = jax.tree.leaves(codes_node), scales_leaves
+  if len(names) != codes.ndim:
+    return scales_node
+  n = codes.shape[-1]
+  block = unseen_split_block(n, quantize.block_of(codes.shape, scales.shape),
+                             jax.device_count())
+  if block is None:
+    return stack_nodes.rebuild(scales_node, scales, names[:-1] + (None,))
+  shape = codes.shape[:-1] + (-(-n // block),)
+  if shape == scales.shape:
+    return scales_node
+  return stack_nodes.rebuild(scales_node, placement.zeros_like_placed(shape, scales.dtype, scales),
+                             names)
+
+
+def stored(params: Any, moments: Any) -> Any:
+  """The moment field ``init`` stores: packed, int8 scales fitted to axis names.
+
+  Args:
+    params: the params ``init`` was given (boxes, Variables, NamedArrays
+      included).
+    moments: the per-parameter zero moments ``init`` made from them.
+
+  Returns:
+    ``quantized_state.pack(moments)``: a float tree as it is, or a
+    :class:`~foam_jax._src.quantized_state.QuantizedMoments` whose scales
+    are fitted, for each parameter that names its last axis (module
+    docstring).
+  """
+  packed = quantized_state.pack(moments)
+  if not isinstance(packed, quantized_state.QuantizedMoments):
+    return packed
+  fit = lambda p, c, s: _fitted(p, c, s) if stack_nodes.is_named_node(p) else s  # noqa: E731
+  scales = jax.tree.map(fit, params, packed.codes, packed.scales,
+                        is_leaf=stack_nodes.is_named_node)
+  return packed._replace(scales=scales)
