@@ -34,6 +34,7 @@ def foam(
     fold_spec: specs_lib.FoldSpecLike = None,
     second_moment: transform.SecondMoment = "mean_of_squares",
     nu_dtype: Any | None = None,
+    bias_correction: transform.BiasCorrection = "step_size",
 ) -> optax.GradientTransformationExtraArgs:
   r"""FOAM: a drop-in replacement for ``optax.adamw`` with folded moments.
 
@@ -89,6 +90,9 @@ def foam(
       of the param's precision); ``jnp.int8`` (or ``"int8"``) stores it
       blockwise-quantized in 8 bits (codes plus one float32 scale per 256
       entries, see :class:`foam_jax.QuantizedMoments`).
+    bias_correction: ``"step_size"`` (the authors' form), ``"moments"``
+      (``optax.adamw``'s) or ``"folded_moments"`` (the folded moments
+      corrected before the residual is added); see :func:`scale_by_foam`.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``.
@@ -127,6 +131,7 @@ def foam(
           fold_spec=fold_spec,
           second_moment=second_moment,
           nu_dtype=nu_dtype,
+          bias_correction=bias_correction,
       ),
       optax.add_decayed_weights(weight_decay, _validation.checked_mask(mask)),
       optax.scale_by_learning_rate(learning_rate),

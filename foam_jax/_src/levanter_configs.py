@@ -119,9 +119,10 @@ class FoamConfig(OptimizerConfig):
   scales the folded leaves' updates (the paper's recipe: 0.25 at a learning
   rate of 1e-2); ``mu_dtype``/``nu_dtype``: ``"int8"`` stores a moment in 8
   bits, ``"bfloat16"`` in 16; ``bias_correction``: ``"step_size"`` (the
-  authors' form) or ``"moments"`` (Optax's ``scale_by_adam``, which
+  authors' form), ``"moments"`` (Optax's ``scale_by_adam``, which
   ``AdamConfig`` uses: at ``fold_level=0, alpha=1`` this config then steps
-  exactly as ``AdamConfig``).
+  exactly as ``AdamConfig``) or ``"folded_moments"`` (the folded moments
+  corrected before the residual is added: ``foam_jax.scale_by_foam``).
   """
 
   beta1: float = 0.9
@@ -134,7 +135,7 @@ class FoamConfig(OptimizerConfig):
   residual_scale: float = 1.0
   mu_dtype: str | None = None
   nu_dtype: str | None = None
-  bias_correction: Literal["step_size", "moments"] = "step_size"
+  bias_correction: Literal["step_size", "moments", "folded_moments"] = "step_size"
 
   def build(self, num_train_steps: int) -> optax.GradientTransformation:
     return _adam_like_chain(self, num_train_steps, transform.scale_by_foam(

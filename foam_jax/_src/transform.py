@@ -22,8 +22,8 @@ __all__ = ["ScaleByFoamState", "scale_by_foam"]
 
 SecondMoment = Literal["mean_of_squares", "square_of_mean"]
 _SECOND_MOMENTS = ("mean_of_squares", "square_of_mean")
-BiasCorrection = Literal["step_size", "moments"]
-_BIAS_CORRECTIONS = ("step_size", "moments")
+BiasCorrection = Literal["step_size", "moments", "folded_moments"]
+_BIAS_CORRECTIONS = ("step_size", "moments", "folded_moments")
 
 
 class ScaleByFoamState(NamedTuple):
@@ -103,6 +103,22 @@ def scale_by_foam(
 
     so that with ``fold_level=0`` and ``alpha=1`` it equals
     ``optax.scale_by_adam`` bit for bit (folded Muon's AdamW part uses it).
+  * ``"folded_moments"``: the folded moments are corrected before the
+    residual is added, so that the residual's share is not divided by the
+    correction (in the two forms above, while the folded moments warm up,
+    an update that is mostly residual is about :math:`\sqrt{1 -
+    \beta_2^t}` of Adam's: a LoRA adapter that starts at zero):
+
+    .. math::
+
+      u_t = \alpha \frac{U \tilde m_t / (1 - \beta_1^t) + c R_t}
+            {\sqrt{U \tilde v_t / (1 - \beta_2^t) + c^2 |R_t|^2
+                    + \epsilon_{root}} + \epsilon}
+
+    With Nesterov, :math:`U \tilde m_t / (1 - \beta_1^t)` becomes
+    :math:`\frac{\beta_1 U \tilde m_t}{1 - \beta_1^{t+1}} + \frac{(1 -
+    \beta_1) U F(g_t)}{1 - \beta_1^t}`. Leaves that are not folded get
+    ``optax.scale_by_adam``'s update (to float32 rounding).
 
   With ``fold_level=0`` and ``alpha=1``, FOAM *is* Adam in either form.
   With ``nesterov=True`` the first moment :math:`M_t / (1 - \beta_1^t)` is
@@ -154,8 +170,9 @@ def scale_by_foam(
       float32, float64: float16 is refused, it overflows at 65504), or
       ``jnp.int8`` (blockwise-quantized, as ``mu_dtype``).
     nesterov: use Nesterov momentum, as ``optax.scale_by_adam``.
-    bias_correction: ``"step_size"`` (the authors' form) or ``"moments"``
-      (``optax.scale_by_adam``'s), see above.
+    bias_correction: ``"step_size"`` (the authors' form), ``"moments"``
+      (``optax.scale_by_adam``'s) or ``"folded_moments"`` (the folded
+      moments corrected, the residual not), see above.
 
   Returns:
     An ``optax.GradientTransformation`` with state :class:`ScaleByFoamState`.
@@ -187,8 +204,8 @@ def scale_by_foam(
   _validation.check_choice("bias_correction", bias_correction, _BIAS_CORRECTIONS)
   mu_dtype = _validation.storage_dtype("mu_dtype", mu_dtype)
   nu_dtype = _validation.storage_dtype("nu_dtype", nu_dtype, real=True)
-  # Optax's form also takes Optax's operand order in the EMAs (folded_moments.ema).
-  optax_form = bias_correction == "moments"
+  # Optax's forms also take Optax's operand order in the EMAs (folded_moments.ema).
+  optax_form = bias_correction != "step_size"
 
   def init_fn(params):
     params = _validation.as_arrays(params)
@@ -240,6 +257,22 @@ def scale_by_foam(
         return (scale * root_step * a) * m / den
       return (scale * root_step) * (a * m + b * g) / den
 
+    def folded_leaf(lm, g):
+      """``u`` with the folded moments corrected before the residual is added."""
+      fg = lm.gradient
+      mu_read, nu_read = lm.unfolded
+      t = count.astype(jnp.float32)
+      mean = fg.blocks if fg.geom is None else fg.unfolded_mean
+      if nesterov:
+        m = (b1 / (1.0 - b1 ** (t + 1.0))) * mu_read + ((1.0 - b1) / (1.0 - b1**t)) * mean
+      else:
+        m = mu_read / (1.0 - b1**t)
+      m = fg.read(m, unfolded=True)
+      v = fg.read_energy(nu_read / (1.0 - b2**t), unfolded=True)
+      scale = 1.0 if fg.geom is None else alpha
+      u = scale * (m / (jnp.sqrt(v + eps_root) + eps))
+      return fg.unblock(u).astype(g.dtype)
+
     mu_target = "mean"
     nu_target = ("mean_of_squares" if second_moment == "mean_of_squares"
                  else "square_of_mean")
@@ -256,6 +289,9 @@ def scale_by_foam(
       mu_read, nu_read = lm.unfolded
       return (fg.read(mu_read, unfolded=True), fg.read_energy(nu_read, unfolded=True),
               1.0 if fg.geom is None else alpha)
+
+    if bias_correction == "folded_moments":
+      return folded_moments.leaf_map(folded_leaf, specs, leaves, updates), new_state
 
     if not optax_form:
       scalars = step_size_scalars()  # Once per step, shared by every leaf.

@@ -14,6 +14,16 @@ tricks) with the library. See ``shared/docs/foam-algorithm.md``:
 with ``Mhat = M / (1 - b1^t)``, or with Nesterov (Optax's form)
 ``Mhat = b1 M / (1 - b1^(t+1)) + (1 - b1) g / (1 - b1^t)``. Complex
 gradients are folded as complex numbers; ``v`` is real.
+
+``bias_correction="folded_moments"`` corrects the folded moments before the
+residual is added:
+
+    M = mhat + c R,  mhat = unfold(m) / (1 - b1^t)
+          (Nesterov: b1 unfold(m) / (1 - b1^(t+1)) + (1 - b1) unfold(gm) / (1 - b1^t))
+    V = unfold(v) / (1 - b2^t) + c^2 |R|^2
+    W -= lr * alpha * M / (sqrt(V + eps_root) + eps)
+
+(a leaf that is not folded: ``gm = g``, ``R = 0``, Optax's Adam).
 """
 
 from __future__ import annotations
@@ -65,8 +75,10 @@ class NumpyFoam:
 
   def __init__(self, rules, *, lr, b1=0.9, b2=0.999, eps=1e-8, wd=0.0,
                alpha=1.0, c=1.0, second_moment="mean_of_squares",
-               decay_mask=None, eps_root=0.0, nesterov=False):
+               decay_mask=None, eps_root=0.0, nesterov=False,
+               bias_correction="step_size"):
     self.rules = rules
+    self.bias_correction = bias_correction
     self.lr, self.b1, self.b2, self.eps, self.wd = lr, b1, b2, eps, wd
     self.eps_root, self.nesterov = eps_root, nesterov
     self.alpha, self.c, self.second_moment = alpha, c, second_moment
@@ -93,6 +105,17 @@ class NumpyFoam:
     denominator = np.sqrt(big_v + self.eps_root * (1 - b2**t)) + self.eps
     return alpha * np.sqrt(1 - b2**t) * m_hat / denominator
 
+  def _folded_direction(self, m, gm, r, v, alpha):
+    """``bias_correction="folded_moments"``: ``m``, ``gm``, ``v`` unfolded."""
+    b1, b2, t, c = self.b1, self.b2, self.t, self.c
+    if self.nesterov:
+      m_hat = b1 * m / (1 - b1 ** (t + 1)) + (1 - b1) * gm / (1 - b1**t)
+    else:
+      m_hat = m / (1 - b1**t)
+    big_m = m_hat + c * r
+    big_v = v / (1 - b2**t) + c**2 * np.abs(r) ** 2
+    return alpha * big_m / (np.sqrt(big_v + self.eps_root) + self.eps)
+
   def direction(self, name, g):
     """The scale_by_foam output for one leaf (before lr and decay)."""
     b1, b2 = self.b1, self.b2
@@ -101,6 +124,8 @@ class NumpyFoam:
     if rule.axis is None:
       self.m[name] = b1 * self.m[name] + (1 - b1) * g
       self.v[name] = b2 * self.v[name] + (1 - b2) * np.abs(g) ** 2
+      if self.bias_correction == "folded_moments":
+        return self._folded_direction(self.m[name], g, 0.0, self.v[name], 1.0)
       return self._step_direction(self.m[name], self.v[name], g, 1.0)
     axis, k, n = rule.axis, rule.k, g.shape[rule.axis]
     gm = np_fold(g, axis, k)
@@ -111,6 +136,10 @@ class NumpyFoam:
     r = g - np_unfold(gm, axis, k, n)
     self.m[name] = b1 * self.m[name] + (1 - b1) * gm
     self.v[name] = b2 * self.v[name] + (1 - b2) * sm
+    if self.bias_correction == "folded_moments":
+      return self._folded_direction(
+          np_unfold(self.m[name], axis, k, n), np_unfold(gm, axis, k, n), r,
+          np_unfold(self.v[name], axis, k, n).real, self.alpha)
     big_m = np_unfold(self.m[name], axis, k, n) + self.c * r
     big_v = np_unfold(self.v[name], axis, k, n).real + self.c**2 * np.abs(r) ** 2
     return self._step_direction(big_m, big_v, g, self.alpha)
