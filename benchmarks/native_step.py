@@ -1,7 +1,7 @@
 """An experiment: FOAM's optimizer step as one hand-written loop per matrix.
 
 On XLA:CPU the default float32 FOAM step stays near 0.8x ``optax.adamw``'s
-(``results/perf-notes.md``): XLA emits one loop per output array, so both
+(``results/archive/perf-notes.md``, 0.2): XLA emits one loop per output array, so both
 moment loops and the update loop read the gradient, and the update loop
 recomputes each block mean. This experiment asks what a loop written by hand
 would give, and whether it can keep Optax's ``tx.update`` +
