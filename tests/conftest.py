@@ -9,7 +9,8 @@ simulates that many devices (the Levanter tests' meshes).
 
 ``tests/clients/test_levanter.py`` runs where Levanter is installed (``.[levanter]``,
 its own step in ``.ci/run``: Levanter's Optax pin excludes the example's);
-elsewhere it is not collected.
+elsewhere it is not collected, nor is ``tests/clients/test_tunix.py`` where
+Tunix is not installed (its own step too).
 """
 
 import importlib.util
@@ -23,4 +24,7 @@ if _DEVICES != "1" and "xla_force_host_platform_device_count" not in os.environ.
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-collect_ignore = [] if importlib.util.find_spec("levanter") else ["clients/test_levanter.py"]
+# Clients with their own venv (their own .ci/run step): collected where installed.
+collect_ignore = [path for module, path in (("levanter", "clients/test_levanter.py"),
+                                            ("tunix", "clients/test_tunix.py"))
+                  if not importlib.util.find_spec(module)]

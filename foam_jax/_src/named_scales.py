@@ -12,11 +12,13 @@ therefore leave the scales divisible by whatever mesh axes the name stands
 for, with each block inside one shard, so that the update stays free of
 collectives.
 
-``init`` fits the block to the split when it can see it (a placed array, a
-mesh in context: :func:`~foam_jax._src.quantize.block_size`). When it
-cannot (``jax.eval_shape(init)`` outside a mesh, then
+``init`` fits the block to the split when it can see it (an array placed
+split along that axis, a mesh in context:
+:func:`~foam_jax._src.quantize.block_size`). When it cannot
+(``jax.eval_shape(init)`` outside a mesh, then
 ``jax.jit(init, out_shardings=...)``, as nanodo and MaxText do; an eager
-``init`` before placement), a named last axis of length :math:`n` could be
+``init`` before placement; weights kept whole until the trainer shards
+them by their names, as Tunix's are), a named last axis of length :math:`n` could be
 split :math:`m` ways for any :math:`m > 1` dividing both the device count and
 :math:`n`. The block becomes the largest power of two ``<= B`` that divides
 every such slice :math:`n / m` (so :math:`n / B` stays a multiple of each
@@ -77,9 +79,11 @@ def _fitted(param_node: Any, codes_node: Any, scales_node: Any) -> Any:
   (param,) = jax.tree.leaves(param_node) or (None,)
   scales_leaves = jax.tree.leaves(scales_node)
   if (not names or names[-1] is None or param is None or len(scales_leaves) != 1
-      or placement.known_sharding(param) is not None
       or placement.hidden_mesh_shape(param) is not None):
     return scales_node
+  shard = placement.shard_shape(param)
+  if shard is not None and shard[-1] != param.shape[-1]:
+    return scales_node  # The split is visible: quantize.block_size fitted the block.
   (codes,), (scales,) = jax.tree.leaves(codes_node), scales_leaves
   if len(names) != codes.ndim:
     return scales_node
