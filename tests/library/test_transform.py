@@ -87,13 +87,14 @@ def test_foam_matches_float64_reference_default_policy():
 
 
 @pytest.mark.single_device
+@pytest.mark.parametrize("bias_correction", ["step_size", "folded_moments"])
 @pytest.mark.parametrize("nesterov", [False, True])
-def test_eps_root_and_nesterov_match_float64_reference(nesterov):
+def test_eps_root_and_nesterov_match_float64_reference(nesterov, bias_correction):
   hp = dict(lr=3e-2, b1=0.9, b2=0.95, eps=1e-8, wd=0.1, alpha=0.25, c=0.7,
-            eps_root=1e-3, nesterov=nesterov)
+            eps_root=1e-3, nesterov=nesterov, bias_correction=bias_correction)
   tx = foam_jax.foam(hp["lr"], hp["b1"], hp["b2"], hp["eps"], hp["eps_root"],
                      None, hp["wd"], alpha=hp["alpha"], residual_scale=hp["c"],
-                     nesterov=nesterov)
+                     nesterov=nesterov, bias_correction=bias_correction)
   worst, _ = _run_parity(tx, NumpyFoam(DEFAULT_RULES, **hp))
   assert worst < 1e-5
 
@@ -269,18 +270,6 @@ def test_state_with_zero_blocks_is_rejected_not_looped_on():
   bad = state._replace(mu={"w": jnp.zeros((0, 4))}, nu={"w": jnp.zeros((0, 4))})
   with pytest.raises(ValueError, match="is not a fold of shape"):
     tx.update({"w": jnp.ones((8, 4))}, bad)
-
-
-@pytest.mark.single_device
-@pytest.mark.parametrize("nesterov", [False, True])
-def test_folded_moments_correction_matches_float64_reference(nesterov):
-  hp = dict(lr=3e-2, b1=0.9, b2=0.95, eps=1e-8, wd=0.1, alpha=0.25, c=0.7,
-            eps_root=1e-3, nesterov=nesterov)
-  tx = foam_jax.foam(hp["lr"], hp["b1"], hp["b2"], hp["eps"], hp["eps_root"],
-                     None, hp["wd"], alpha=hp["alpha"], residual_scale=hp["c"],
-                     nesterov=nesterov, bias_correction="folded_moments")
-  worst, _ = _run_parity(tx, NumpyFoam(DEFAULT_RULES, bias_correction="folded_moments", **hp))
-  assert worst < 1e-5
 
 
 @pytest.mark.single_device
