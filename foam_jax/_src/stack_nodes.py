@@ -81,7 +81,9 @@ def rebuild(node: Any, value: Any, names: tuple[Any, ...]) -> Any:
     return node.replace(names=tuple(names))
   if is_nnx_variable(node):
     key = _nnx_names_key(node.get_metadata()) or "sharding_names"
-    copy = getattr(node, "replace", None) or node.copy  # Flax 0.11 / 0.12.
+    # Flax 0.11's Variable.replace, 0.12's Variable.copy (looked up on the
+    # class: a Variable forwards unknown attributes to its value).
+    copy = node.replace if hasattr(type(node), "replace") else node.copy
     return copy(value, **{key: tuple(names)})
   if is_named_array(node):
     axes = tuple(a if n is not None else type(a)(f"{a.name}_unsharded", a.size)
