@@ -23,11 +23,16 @@ __all__ = ["ParamShapes", "check", "record"]
 
 
 @jax.tree_util.register_pytree_node_class
-class ParamShapes:
+class ParamShapes(tuple):
   """Each parameter's shape by its tree path; no pytree children.
 
   ``ParamShapes()`` (no record) checks nothing: the state of code that builds
   states by hand.
+
+  It is an empty tuple with the record as an attribute, so that code which
+  walks state trees by hand (Levanter's checkpoint paths) reads it as an
+  empty ``NamedTuple``, as it reads ``optax.EmptyState``; JAX flattens it
+  as registered here (no leaves, the record as static data).
 
   Attributes:
     shapes: ``((path, shape), ...)`` in the params' leaf order, ``path`` as
@@ -40,8 +45,15 @@ class ParamShapes:
     ((("['w']", (8, 4)),), [])
   """
 
-  def __init__(self, shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()):
+  _fields: tuple[str, ...] = ()
+
+  def __new__(cls, shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()):
+    self = super().__new__(cls)
     self.shapes = tuple(shapes)
+    return self
+
+  def _asdict(self) -> dict[str, Any]:
+    return {}
 
   def tree_flatten(self):
     return (), self  # The record is its own (immutable) aux data.

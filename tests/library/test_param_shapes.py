@@ -55,3 +55,13 @@ def test_the_record_adds_no_state_leaf_and_survives_abstract_init_and_jit(name):
     # As many leaves as Adam's state of the same tree.
     assert len(jax.tree.leaves(state)) == len(jax.tree.leaves(
         optax.adamw(1e-3).init(params)))
+
+
+def test_the_record_reads_as_an_empty_named_tuple_to_hand_written_walkers():
+  """Levanter's checkpoint paths walk NamedTuples by ``_asdict`` and count a
+  node without leaves that is not one as a missing leaf."""
+  rec = foam_jax.foam(1e-3).init({"w": jnp.zeros((8, 4))})[0].param_shapes
+  assert type(rec).__bases__ == (tuple,) and rec._fields == () and len(rec) == 0
+  rebuilt = type(rec)(**rec._asdict())
+  assert jax.tree.leaves(rebuilt) == [] and rebuilt == rec
+  assert rec.shapes == (("['w']", (8, 4)),)
