@@ -46,6 +46,7 @@ class ParamShapes(tuple):
   """
 
   _fields: tuple[str, ...] = ()
+  shapes: tuple[tuple[str, tuple[int, ...]], ...]
 
   def __new__(cls, shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()):
     self = super().__new__(cls)
