@@ -18,15 +18,17 @@ split along that axis, a mesh in context:
 (``jax.eval_shape(init)`` outside a mesh, then
 ``jax.jit(init, out_shardings=...)``, as nanodo and MaxText do; an eager
 ``init`` before placement; weights kept whole until the trainer shards
-them by their names, as Tunix's are), a named last axis of length :math:`n` could be
-split :math:`m` ways for any :math:`m > 1` dividing both the device count and
-:math:`n`. The block becomes the largest power of two ``<= B`` that divides
-every such slice :math:`n / m` (so :math:`n / B` stays a multiple of each
-:math:`m`); if some slice is shorter than
-:data:`~foam_jax._src.quantize.MIN_BLOCK_SIZE` or not a multiple of it, no
-block fits every split, and the scales' last axis loses its name (its
-scales are replicated; the update is right, with a small collective over
-that axis).
+them by their names, as Tunix's are), a named last axis of length :math:`n`
+could be split any number of ways. The smallest block,
+:data:`~foam_jax._src.quantize.MIN_BLOCK_SIZE` entries, lies inside a shard
+for every split whose slices are multiples of it (the only splits int8
+storage serves without collectives), and then :math:`n / B` is a multiple of
+the split: the scales keep the name. If :math:`n` is not a multiple of it,
+no split fits, and the scales' last axis loses its name (its scales are
+replicated; the update is right, with a small collective over that axis).
+The rule reads nothing of the devices, so ``init`` makes the same state
+layout everywhere. The smaller block costs its scales 0.25 bytes an entry
+(a block of 256: 1/64).
 """
 
 from __future__ import annotations
@@ -43,34 +45,20 @@ from foam_jax._src import stack_nodes
 __all__ = ["stored", "unseen_split_block"]
 
 
-def unseen_split_block(n: int, block: int, devices: int) -> int | None:
+def unseen_split_block(n: int) -> int | None:
   """The block for a named axis of length ``n`` split an unseen number of ways.
 
-  Args:
-    n: the moment's last axis.
-    block: the block chosen without names.
-    devices: how many devices the split can use.
-
   Returns:
-    The largest power of two ``<= block`` dividing ``n / m`` for every
-    ``m > 1`` dividing ``devices`` and ``n``; ``block`` if there is no such
-    ``m``; ``None`` if some ``n / m`` is not a multiple of
-    ``MIN_BLOCK_SIZE`` (no block fits every split).
+    ``MIN_BLOCK_SIZE`` if it divides ``n``, else ``None`` (no block fits
+    a split).
 
   Examples:
-    >>> unseen_split_block(4096, 256, devices=8)
-    256
-    >>> unseen_split_block(32, 256, devices=2)
+    >>> unseen_split_block(4096)
     16
-    >>> unseen_split_block(32, 256, devices=4) is None   # 4 ways: 8 entries
+    >>> unseen_split_block(24) is None
     True
   """
-  slices = {n // m for m in range(2, devices + 1) if devices % m == 0 and n % m == 0}
-  if any(s % quantize.MIN_BLOCK_SIZE for s in slices):
-    return None
-  while any(s % block for s in slices):
-    block //= 2
-  return block
+  return quantize.MIN_BLOCK_SIZE if n % quantize.MIN_BLOCK_SIZE == 0 else None
 
 
 def _fitted(param_node: Any, codes_node: Any, scales_node: Any) -> Any:
@@ -88,11 +76,10 @@ def _fitted(param_node: Any, codes_node: Any, scales_node: Any) -> Any:
   if len(names) != codes.ndim:
     return scales_node
   n = codes.shape[-1]
-  block = unseen_split_block(n, quantize.block_of(codes.shape, scales.shape),
-                             jax.device_count())
+  block = unseen_split_block(n)
   if block is None:
     return stack_nodes.rebuild(scales_node, scales, names[:-1] + (None,))
-  shape = codes.shape[:-1] + (-(-n // block),)
+  shape = codes.shape[:-1] + (n // block,)
   if shape == scales.shape:
     return scales_node
   return stack_nodes.rebuild(scales_node, placement.zeros_like_placed(shape, scales.dtype, scales),

@@ -148,8 +148,8 @@ class QuantizedMoment(NamedTuple):
 
   @property
   def block(self) -> int:
-    """Entries per scale along the last axis (see :func:`block_of`)."""
-    return block_of(self.shape, tuple(self.scales.shape))
+    """Entries per scale along the last axis (see :func:`_block_of`)."""
+    return _block_of(self.shape, tuple(self.scales.shape))
 
   def astype(self, dtype) -> jax.Array:
     """The dequantized moment in ``dtype``.
@@ -164,7 +164,7 @@ class SignedQuantizedMoment(QuantizedMoment):
   """A first moment (signed code) as :class:`QuantizedMoment`."""
 
 
-def block_of(shape: tuple[int, ...], scales_shape: tuple[int, ...]) -> int:
+def _block_of(shape: tuple[int, ...], scales_shape: tuple[int, ...]) -> int:
   """Recovers the block size from the codes' and scales' shapes.
 
   The smallest power of two ``B`` with ``ceil(n / B)`` scales (unique but

@@ -177,14 +177,14 @@ def test_haliax_axis_mapping(devices):
   _no_collectives(compiled)
 
 
-def test_a_named_axis_too_short_for_every_split_is_replicated():
-  """(4, 8, 32) on 8 devices: 8 ways leaves 4 entries a shard; the scales lose the name."""
+def test_a_named_axis_no_block_fits_is_replicated():
+  """(4, 8, 24): no block of 16 or more fits a split of 24; the scales lose the name."""
   class Small(nn.Module):
 
     @nn.compact
     def __call__(self, x):
       w = self.param("out", nn.with_partitioning(nn.initializers.normal(), (None, None, "fsdp")),
-                     (HEADS, HEAD_DIM, 32))
+                     (HEADS, HEAD_DIM, 24))
       return jnp.einsum("bhd,hde->be", x, w)
 
   model, x = Small(), jnp.ones((2, HEADS, HEAD_DIM))
@@ -205,6 +205,6 @@ def test_a_named_axis_too_short_for_every_split_is_replicated():
   # Boxed as init made it, the state keeps its boxes' names through update.
   assert jax.tree.structure(new_state) == jax.tree.structure(state)
   assert new_state[0].mu.scales["out"].names == (None, None, None)
-  plain, _ = tx.update(*jax.device_get((nn.unbox(grads), nn.unbox(tx.init(params)),
-                                        nn.unbox(params))))
+  plain_params = jax.device_get(nn.unbox(params))  # Unsharded: one block of 24.
+  plain, _ = tx.update(jax.device_get(nn.unbox(grads)), tx.init(plain_params), plain_params)
   np.testing.assert_allclose(nn.unbox(sharded)["out"], plain["out"], rtol=1e-6)
