@@ -36,7 +36,7 @@ from foam_jax._src import quantized_state
 from foam_jax._src import specs as specs_lib
 
 __all__ = ["Target", "MomentUpdate", "LeafMoments", "ema", "gradient_maxima",
-           "update_moments"]
+           "update_moments", "without_frozen"]
 
 Target = Literal["mean", "mean_of_squares", "square_of_mean"]
 
@@ -163,14 +163,16 @@ def ema(old: jax.Array | quantize.QuantizedMoment, target: jax.Array,
 
 
 def gradient_maxima(g: jax.Array, geom: moment.Geometry | None,
-                    moments: Sequence[MomentUpdate], previous: Sequence[Any]) -> list[Any]:
+                    moments: Sequence[MomentUpdate], previous: Sequence[Any],
+                    mean: jax.Array | None = None) -> list[Any]:
   """:func:`ema`'s ``target_max`` for each moment, where the gradient gives it.
 
   For a leaf that is not folded, reductions of ``|g|`` give the block
   statistics of ``g`` and of ``|g|^2`` (``(max |g|)^2`` over the entries
   whose square is finite) for every 8-bit moment of one block size. A
   folded leaf's targets are block statistics, and ``None`` lets :func:`ema`
-  reduce them; float moments need none.
+  reduce them; float moments need none. ``mean``: the first moment's
+  target where it is not ``g`` (:func:`without_frozen`).
   """
   quantized = [p for p in previous if isinstance(p, quantize.QuantizedMoment)]
   if geom is not None or not quantized or len({p.block for p in quantized}) > 1:
@@ -179,11 +181,40 @@ def gradient_maxima(g: jax.Array, geom: moment.Geometry | None,
 
   def stats(target: Target) -> quantize.BlockStats:
     if target == "mean":
-      return quantize.block_stats(g, block)
+      return quantize.block_stats(g if mean is None else mean, block)
     top = quantize.block_stats(g, block, limit=quantize.SQUARE_LIMIT)
     return top._replace(top=top.top * top.top)
 
   return [stats(m.target) for m in moments]
+
+
+def without_frozen(targets: Sequence[jax.Array], moments: Sequence[MomentUpdate],
+                   previous: Sequence[Any]) -> list[jax.Array]:
+  r"""An 8-bit first moment's target, zero where Adam freezes the entry for good.
+
+  Where this step's second-moment target overflows (:math:`|g|^2 = \infty`
+  for a finite :math:`g`, beyond :data:`~foam_jax._src.quantize.SQUARE_LIMIT`),
+  the second moment is infinite from then on (:math:`\beta_2 \cdot \infty
+  = \infty`) and Adam's step there is :math:`m / \sqrt{v} = 0` whatever
+  :math:`m` holds. Such an entry of an 8-bit first moment averages zero in
+  place of its finite target, so that it cannot raise its block's scale:
+  a first moment's code spans 16 binades below the scale, and the block's
+  other entries would lose their momentum to it. A non-finite target stays
+  (it is stored per entry, and the step there is NaN, as Adam's). Float
+  first moments, and optimizers without a second moment (Lion, Muon), keep
+  every target.
+  """
+  squares = [t for t, m in zip(targets, moments) if m.target != "mean"]
+  if not squares:
+    return list(targets)
+  frozen = jnp.isposinf(squares[0])
+
+  def one(t, m, old):
+    if m.target != "mean" or not isinstance(old, quantize.QuantizedMoment):
+      return t
+    return jnp.where(frozen & jnp.isfinite(t), jnp.zeros((), t.dtype), t)
+
+  return [one(t, m, old) for t, m, old in zip(targets, moments, previous)]
 
 
 def _unfolded_read(fg: moment.FoldedGradient, m: MomentUpdate, previous: Any,
@@ -279,15 +310,22 @@ def update_moments(
     geom = moment.geometry(spec, g.shape, previous[0].shape)
     fg = moment.FoldedGradient(g, geom, compute_dtype=compute,
                                residual_scale=residual_scale, count_dtype=real)
-    maxima = gradient_maxima(fg.mean, geom, moments, previous)
-    news, unfolded = [], []
-    for m, old, top in zip(moments, previous, maxima):
+    targets, dtypes = [], []
+    for m in moments:
       if m.target == "mean":
         target, dtype = fg.mean, compute
       elif m.target == "mean_of_squares" or geom is None:
         target, dtype = fg.mean_of_squares(), real
       else:
         target, dtype = folding.abs_sq(fg.mean), real
+      targets.append(target)
+      dtypes.append(dtype)
+    kept = without_frozen(targets, moments, previous)
+    mean = next((t for t, m in zip(kept, moments) if m.target == "mean"), None)
+    maxima = gradient_maxima(fg.mean, geom, moments, previous,
+                             mean=None if mean is fg.mean else mean)
+    news, unfolded = [], []
+    for m, old, top, target, dtype in zip(moments, previous, maxima, kept, dtypes):
       read, new = ema(old, target, m.decay, dtype, step=count, optax_order=optax_order,
                       target_max=top, separate=geom is not None)
       news.append(new)

@@ -15,8 +15,8 @@ the sign's argument is about 0, float32 may round either way); folded Muon
 within ``1e-3`` times the learning rate (Newton-Schulz in float32).
 
 int8 moments are held to the float path on the same gradients: the same
-non-finite entries, and ``max |u|`` within 1.5x of the float path's (or
-within Adam's largest step) plus ``1e-3`` of the learning rate.
+non-finite entries, and ``max |u|`` within 1.5x of the float path's plus
+``1e-3`` of the learning rate.
 
 CI runs a deterministic subset (``derandomize=True``); set
 ``FOAM_JAX_PROPERTY_EXAMPLES`` for a longer random search, and
@@ -280,11 +280,7 @@ def test_a_bad_entry_costs_no_more_than_its_fold_block(shape, level, fault, wher
 def test_int8_moments_stay_within_the_float_paths_bound(tree, seed, moments, fault):
   """int8 against the float path on the same gradients (random trees, levels,
   axes, tail blocks, faults): the same non-finite entries, and ``max |u|``
-  within 1.5x of the float path's, or within Adam's largest step
-  ``lr (1 - b1) / sqrt(1 - b2)`` (Kingma and Ba, 2015, section 2.1), plus
-  1e-3 of the lr. (A first moment's code spans 16 binades below its block's
-  scale: beside a huge entry, the other entries of its block lose their
-  momentum until it decays, so their steps follow the gradient alone.)"""
+  within 1.5x of the float path's plus 1e-3 of the lr."""
   shapes = {k: s for k, (s, _) in tree.items()}
   specs = {k: spec for k, (_, spec) in tree.items()}
   rng = np.random.default_rng(seed)
@@ -309,8 +305,7 @@ def test_int8_moments_stay_within_the_float_paths_bound(tree, seed, moments, fau
       np.testing.assert_array_equal(np.isfinite(q), np.isfinite(f), err_msg=k)
       kept = np.isfinite(f)
       if kept.any():
-        adam_step = lr * (1 - 0.9) / np.sqrt(1 - 0.999)  # foam's default b1, b2.
-        bound = max(1.5 * np.abs(f[kept]).max(), adam_step) + 1e-3 * lr
+        bound = 1.5 * np.abs(f[kept]).max() + 1e-3 * lr
         _note("int8 against float", np.abs(q[kept]).max() / bound)
         assert np.abs(q[kept]).max() <= bound, (k, t)
 
