@@ -21,3 +21,19 @@ def test_quick_study_runs_every_phase_and_mode(tmp_path):
   report = (tmp_path / "finetune.md").read_text()
   assert report == finetune.render(saved)
   assert "## finetune, lora_folded" in report and "## pretrain, full" in report
+
+
+def test_a_resumed_study_reads_its_base_model_from_the_cache(tmp_path):
+  cache = tmp_path / "base.msgpack"
+  args = ["--quick", "--out", str(tmp_path), "--base-cache", str(cache)]
+  first = finetune.main(args)
+  assert cache.exists()
+  assert all("commit" in r for r in first["runs"].values())
+  path = tmp_path / "runs.json"
+  saved = json.loads(path.read_text())
+  key = next(k for k, r in saved["runs"].items() if r["phase"] == "finetune")
+  del saved["runs"][key]
+  path.write_text(json.dumps(saved))
+  again = finetune.main(args)  # Reruns the one run from the cached base model.
+  assert again["base"] == first["base"]
+  assert again["runs"][key]["final_val_loss"] == first["runs"][key]["final_val_loss"]
