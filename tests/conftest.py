@@ -9,8 +9,9 @@ simulates that many devices (the Levanter tests' meshes).
 
 ``tests/clients/test_levanter.py`` runs where Levanter is installed (``.[levanter]``,
 its own step in ``.ci/run``: Levanter's Optax pin excludes the example's);
-elsewhere it is not collected, nor is ``tests/clients/test_tunix.py`` where
-Tunix is not installed (its own step too).
+elsewhere it is not collected, nor are ``tests/clients/test_tunix.py`` and
+``tests/clients/test_maxtext.py`` where Tunix or MaxText is not installed
+(their own steps too).
 """
 
 import importlib.util
@@ -26,5 +27,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # Clients with their own venv (their own .ci/run step): collected where installed.
 collect_ignore = [path for module, path in (("levanter", "clients/test_levanter.py"),
-                                            ("tunix", "clients/test_tunix.py"))
+                                            ("tunix", "clients/test_tunix.py"),
+                                            ("maxtext", "clients/test_maxtext.py"))
                   if not importlib.util.find_spec(module)]
