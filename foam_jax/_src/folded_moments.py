@@ -36,7 +36,7 @@ from foam_jax._src import quantized_state
 from foam_jax._src import specs as specs_lib
 
 __all__ = ["Target", "MomentUpdate", "LeafMoments", "ema", "gradient_maxima",
-           "update_moments", "without_frozen"]
+           "update_moments", "without_overflow"]
 
 Target = Literal["mean", "mean_of_squares", "square_of_mean"]
 
@@ -172,7 +172,7 @@ def gradient_maxima(g: jax.Array, geom: moment.Geometry | None,
   whose square is finite) for every 8-bit moment of one block size. A
   folded leaf's targets are block statistics, and ``None`` lets :func:`ema`
   reduce them; float moments need none. ``mean``: the first moment's
-  target where it is not ``g`` (:func:`without_frozen`).
+  target where it is not ``g`` (:func:`without_overflow`).
   """
   quantized = [p for p in previous if isinstance(p, quantize.QuantizedMoment)]
   if geom is not None or not quantized or len({p.block for p in quantized}) > 1:
@@ -188,33 +188,30 @@ def gradient_maxima(g: jax.Array, geom: moment.Geometry | None,
   return [stats(m.target) for m in moments]
 
 
-def without_frozen(targets: Sequence[jax.Array], moments: Sequence[MomentUpdate],
-                   previous: Sequence[Any]) -> list[jax.Array]:
-  r"""An 8-bit first moment's target, zero where Adam freezes the entry for good.
+def without_overflow(g: jax.Array) -> jax.Array:
+  r"""``g`` with zero where its square overflows: an 8-bit first moment's gradient.
 
-  Where this step's second-moment target overflows (:math:`|g|^2 = \infty`
-  for a finite :math:`g`, beyond :data:`~foam_jax._src.quantize.SQUARE_LIMIT`),
-  the second moment is infinite from then on (:math:`\beta_2 \cdot \infty
-  = \infty`) and Adam's step there is :math:`m / \sqrt{v} = 0` whatever
-  :math:`m` holds. Such an entry of an 8-bit first moment averages zero in
-  place of its finite target, so that it cannot raise its block's scale:
-  a first moment's code spans 16 binades below the scale, and the block's
-  other entries would lose their momentum to it. A non-finite target stays
-  (it is stored per entry, and the step there is NaN, as Adam's). Float
-  first moments, and optimizers without a second moment (Lion, Muon), keep
-  every target.
+  A finite entry beyond :data:`~foam_jax._src.quantize.SQUARE_LIMIT` (about
+  1.8e19) has :math:`|g|^2 = \infty`, so Adam's second moment there (or its
+  fold block's, with ``second_moment="mean_of_squares"``) is infinite from
+  then on (:math:`\beta_2 \cdot \infty = \infty`) and its step is
+  :math:`m / \sqrt{v} = 0` whatever :math:`m` holds. An 8-bit first moment
+  averages the gradient with such entries counted as zero, so that one cannot
+  raise its block's scale: a first moment's code spans 16 binades below the
+  scale, and the block's other entries would lose their momentum to it.
+  Non-finite entries stay (they are stored per entry, and the step there is
+  NaN, as Adam's). With ``second_moment="square_of_mean"`` a fold block whose
+  mean stays below the limit is not frozen, and its first moment averages
+  the mean of its other entries. Float first moments, and optimizers without
+  a second moment (Lion, Muon), average every entry.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> without_overflow(jnp.array([1.0, 3e38, jnp.inf])).tolist()
+    [1.0, 0.0, inf]
   """
-  squares = [t for t, m in zip(targets, moments) if m.target != "mean"]
-  if not squares:
-    return list(targets)
-  frozen = jnp.isposinf(squares[0])
-
-  def one(t, m, old):
-    if m.target != "mean" or not isinstance(old, quantize.QuantizedMoment):
-      return t
-    return jnp.where(frozen & jnp.isfinite(t), jnp.zeros((), t.dtype), t)
-
-  return [one(t, m, old) for t, m, old in zip(targets, moments, previous)]
+  overflows = jnp.isposinf(folding.abs_sq(g)) & jnp.isfinite(g)
+  return jnp.where(overflows, jnp.zeros((), g.dtype), g)
 
 
 def _unfolded_read(fg: moment.FoldedGradient, m: MomentUpdate, previous: Any,
@@ -320,10 +317,14 @@ def update_moments(
         target, dtype = folding.abs_sq(fg.mean), real
       targets.append(target)
       dtypes.append(dtype)
-    kept = without_frozen(targets, moments, previous)
-    mean = next((t for t, m in zip(kept, moments) if m.target == "mean"), None)
-    maxima = gradient_maxima(fg.mean, geom, moments, previous,
-                             mean=None if mean is fg.mean else mean)
+    kept, mean = list(targets), None
+    for i, (m, old) in enumerate(zip(moments, previous)):
+      if (m.target == "mean" and isinstance(old, quantize.QuantizedMoment)
+          and any(other.target != "mean" for other in moments)):
+        mean = moment.FoldedGradient(without_overflow(g.astype(compute)), geom,
+                                     compute_dtype=compute, count_dtype=real).mean
+        kept[i] = mean
+    maxima = gradient_maxima(fg.mean, geom, moments, previous, mean=mean)
     news, unfolded = [], []
     for m, old, top, target, dtype in zip(moments, previous, maxima, kept, dtypes):
       read, new = ema(old, target, m.decay, dtype, step=count, optax_order=optax_order,
