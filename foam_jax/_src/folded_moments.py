@@ -307,26 +307,25 @@ def update_moments(
     geom = moment.geometry(spec, g.shape, previous[0].shape)
     fg = moment.FoldedGradient(g, geom, compute_dtype=compute,
                                residual_scale=residual_scale, count_dtype=real)
-    targets, dtypes = [], []
-    for m in moments:
+    # Beside a second moment (Adam), an entry whose square overflows is frozen.
+    frozen_by_second = any(m.target != "mean" for m in moments)
+    targets, dtypes, mean = [], [], None
+    for m, old in zip(moments, previous):
       if m.target == "mean":
         target, dtype = fg.mean, compute
+        if frozen_by_second and isinstance(old, quantize.QuantizedMoment):
+          target = mean = moment.FoldedGradient(
+              without_overflow(g.astype(compute)), geom, compute_dtype=compute,
+              count_dtype=real).mean
       elif m.target == "mean_of_squares" or geom is None:
         target, dtype = fg.mean_of_squares(), real
       else:
         target, dtype = folding.abs_sq(fg.mean), real
       targets.append(target)
       dtypes.append(dtype)
-    kept, mean = list(targets), None
-    for i, (m, old) in enumerate(zip(moments, previous)):
-      if (m.target == "mean" and isinstance(old, quantize.QuantizedMoment)
-          and any(other.target != "mean" for other in moments)):
-        mean = moment.FoldedGradient(without_overflow(g.astype(compute)), geom,
-                                     compute_dtype=compute, count_dtype=real).mean
-        kept[i] = mean
     maxima = gradient_maxima(fg.mean, geom, moments, previous, mean=mean)
     news, unfolded = [], []
-    for m, old, top, target, dtype in zip(moments, previous, maxima, kept, dtypes):
+    for m, old, top, target, dtype in zip(moments, previous, maxima, targets, dtypes):
       read, new = ema(old, target, m.decay, dtype, step=count, optax_order=optax_order,
                       target_max=top, separate=geom is not None)
       news.append(new)
