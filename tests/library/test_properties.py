@@ -22,7 +22,7 @@ CI runs a deterministic subset (``derandomize=True``); set
 ``FOAM_JAX_PROPERTY_EXAMPLES`` for a longer random search, and
 ``FOAM_JAX_PROPERTY_REPORT`` to a file name to write each test's case
 count and worst error (as a fraction of its tolerance) there as JSON. A run
-of 2,200 cases, 100 per process (XLA:CPU's compiler has crashed after some
+of 2,100 cases, 100 per process (XLA:CPU's compiler has crashed after some
 hundreds of Newton-Schulz compilations in one process), is summed up in
 ``benchmarks/results/property_search.json``.
 """
