@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import time
 from typing import Any
 
@@ -57,6 +56,7 @@ from benchmarks import stdlib_corpus
 from examples.llama import data
 from examples.llama import model as model_lib
 from examples.llama import optimizers
+from examples.llama import outputs
 from examples.llama import sharding
 from examples.llama import steps
 from examples.llama import tokenizers
@@ -188,19 +188,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   return store
 
 
-def _commit() -> str:
-  """The repository's commit (``+dirty`` with uncommitted changes), or ``""``."""
-  here = os.path.dirname(os.path.abspath(__file__))
-  try:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, check=True,
-                          capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                           check=True, capture_output=True, text=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return ""
-  return head + ("+dirty" if dirty else "")
-
-
 def _base_model(store, config, stdlib, quick, cache: str | None):
   """The AdamW model fine-tuning starts from, trained once (or read from ``cache``)."""
   base_run = {"phase": "base", "mode": "full", "optimizer": "adamw", "lr": 1e-3, "seed": 0,
@@ -225,7 +212,7 @@ def _base_model(store, config, stdlib, quick, cache: str | None):
 
 def _run_all(store, path, config, stdlib, shakespeare, quick, cache=None) -> None:
   runs = plan(quick)
-  commit = _commit()
+  commit = outputs.git_commit()
   base_state = _base_model(store, config, stdlib, quick, cache)
   for run in runs:
     key = run_key(run)

@@ -28,11 +28,13 @@ def test_the_guide_shows_each_edit_the_script_makes():
   assert blocks == [edit.edited for edit in foam_edits.EDITS]
 
 
-def test_each_edit_inserts_only_our_lines_between_maxtexts():
-  for edit in foam_edits.EDITS:
-    assert edit.inserted and edit.anchor
-    assert edit.edited.replace(edit.inserted, "", 1) == edit.anchor
-    assert "foam" in edit.inserted.lower()
+def test_the_options_the_guide_runs_with_are_the_ones_the_edits_define():
+  text = open(GUIDE, encoding="utf-8").read()
+  run = text.split("## Run", 1)[1].split("\n## ", 1)[0]
+  used = set(re.findall(r"\b(foam_\w+)\b", run))
+  defined = set(re.findall(r"^  (foam_\w+):", foam_edits.FOAM_OPTIONS, flags=re.M))
+  assert used and used <= defined, (used, defined)
+  assert "opt_type=foam" in run and foam_edits.FOAM_ENUM.strip() == 'FOAM = "foam"'
 
 
 def test_a_release_without_the_anchors_is_refused(tmp_path):
