@@ -16,6 +16,8 @@ from foam_jax._src import named_scales
 from foam_jax._src import param_shapes as param_shapes_lib
 from foam_jax._src import placement
 from foam_jax._src import specs as specs_lib
+from foam_jax._src import tpu_adam
+from foam_jax._src import tpu_dispatch
 from foam_jax._src import validation as _validation
 
 __all__ = ["ScaleByFoamState", "scale_by_foam"]
@@ -276,51 +278,82 @@ def scale_by_foam(
     mu_target = "mean"
     nu_target = ("mean_of_squares" if second_moment == "mean_of_squares"
                  else "square_of_mean")
-    leaves, (mu, nu) = folded_moments.update_moments(
-        updates, specs,
-        [folded_moments.MomentUpdate(state.mu, b1, mu_target, "mu"),
-         folded_moments.MomentUpdate(state.nu, b2, nu_target, "nu")],
-        count=count, residual_scale=residual_scale, optax_order=optax_form)
-    new_state = ScaleByFoamState(count=count, mu=mu, nu=nu, param_shapes=state.param_shapes)
 
-    def reads(lm):
-      """``M``, ``V`` (blocked view) and the leaf's scale."""
-      fg = lm.gradient
-      mu_read, nu_read = lm.unfolded
-      return (fg.read(mu_read, unfolded=True), fg.read_energy(nu_read, unfolded=True),
-              1.0 if fg.geom is None else alpha)
+    def xla_update(updates, mu_stored, nu_stored, specs=specs):
+      """The update and the new moments, as XLA computes them on every platform."""
+      leaves, (mu, nu) = folded_moments.update_moments(
+          updates, specs,
+          [folded_moments.MomentUpdate(mu_stored, b1, mu_target, "mu"),
+           folded_moments.MomentUpdate(nu_stored, b2, nu_target, "nu")],
+          count=count, residual_scale=residual_scale, optax_order=optax_form)
 
-    if bias_correction == "folded_moments":
-      return folded_moments.leaf_map(folded_leaf, specs, leaves, updates), new_state
-
-    if not optax_form:
-      scalars = step_size_scalars()  # Once per step, shared by every leaf.
-
-      def step_size_leaf(lm, g):
-        m, v, scale = reads(lm)
+      def reads(lm):
+        """``M``, ``V`` (blocked view) and the leaf's scale."""
         fg = lm.gradient
-        u = fg.unblock(step_size_direction(m, v, fg.blocks, scale, scalars))
-        return u.astype(g.dtype)
+        mu_read, nu_read = lm.unfolded
+        return (fg.read(mu_read, unfolded=True), fg.read_energy(nu_read, unfolded=True),
+                1.0 if fg.geom is None else alpha)
 
-      return folded_moments.leaf_map(step_size_leaf, specs, leaves, updates), new_state
+      if bias_correction == "folded_moments":
+        return folded_moments.leaf_map(folded_leaf, specs, leaves, updates), mu, nu
 
-    def moments_leaf(lm):
-      m, v, scale = reads(lm)
-      return lm.gradient.unblock(m), lm.gradient.unblock(v), scale
+      if not optax_form:
+        scalars = step_size_scalars()  # Once per step, shared by every leaf.
 
-    m, v, scale = moment.map_leaves(
-        lambda _, lm: ((lm,) * 3 if not isinstance(lm, folded_moments.LeafMoments)
-                       else moments_leaf(lm)), specs, leaves, outputs=3)
-    # From here on optax.scale_by_adam on the reads, tree by tree as Optax
-    # does it (its tree functions are jitted over the whole tree, so the
-    # same calls give the same bits).
-    g = jax.tree.map(lambda x, y: x.astype(y.dtype), updates, m)
-    m_hat = moment.first_moment_hat(m, g, b1, count, nesterov)
-    v_hat = optax.tree.bias_correction(v, b2, count)
-    updates = jax.tree.map(
-        lambda m, v, a, g: (a * (m / (jnp.sqrt(v + eps_root) + eps))
-                            ).astype(g.dtype),
-        m_hat, v_hat, scale, updates)
-    return updates, new_state
+        def step_size_leaf(lm, g):
+          m, v, scale = reads(lm)
+          fg = lm.gradient
+          u = fg.unblock(step_size_direction(m, v, fg.blocks, scale, scalars))
+          return u.astype(g.dtype)
+
+        return folded_moments.leaf_map(step_size_leaf, specs, leaves, updates), mu, nu
+
+      def moments_leaf(lm):
+        m, v, scale = reads(lm)
+        return lm.gradient.unblock(m), lm.gradient.unblock(v), scale
+
+      m, v, scale = moment.map_leaves(
+          lambda _, lm: ((lm,) * 3 if not isinstance(lm, folded_moments.LeafMoments)
+                         else moments_leaf(lm)), specs, leaves, outputs=3)
+      # From here on optax.scale_by_adam on the reads, tree by tree as Optax
+      # does it (its tree functions are jitted over the whole tree, so the
+      # same calls give the same bits).
+      g = jax.tree.map(lambda x, y: x.astype(y.dtype), updates, m)
+      m_hat = moment.first_moment_hat(m, g, b1, count, nesterov)
+      v_hat = optax.tree.bias_correction(v, b2, count)
+      updates = jax.tree.map(
+          lambda m, v, a, g: (a * (m / (jnp.sqrt(v + eps_root) + eps))
+                              ).astype(g.dtype),
+          m_hat, v_hat, scale, updates)
+      return updates, mu, nu
+
+    levels = tpu_dispatch.covered_levels(updates, state.mu, state.nu)
+    if levels is None:
+      updates, mu, nu = xla_update(updates, state.mu, state.nu)
+    else:
+      # On TPU the leaves tpu_adam.plan covers take its kernel (chosen when
+      # the program is lowered); the rest, and every other platform, XLA's.
+      coefs = tpu_adam.coefficients(
+          bias_correction, nesterov, count, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+          alpha=alpha, residual_scale=residual_scale)
+
+      def xla_leaf(g, mu, nu):
+        # One leaf alone; its fold is read from its state (moment.geometry).
+        u, mu, nu = xla_update({"x": g}, {"x": mu}, {"x": nu}, specs={"x": None})
+        return u["x"], mu["x"], nu["x"]
+
+      def tpu_update(*args, interpret=False):
+        def kernel(g, mu, nu, level):
+          return tpu_dispatch.sharded_folded_adam(
+              g, mu, nu, coefs, level=level, interpret=interpret, fallback=xla_leaf,
+              mean_of_squares=second_moment == "mean_of_squares")
+        return tpu_dispatch.split_update(xla_update, kernel, levels, *args)
+
+      args = (updates, state.mu, state.nu)
+      if tpu_dispatch.interpreting():
+        updates, mu, nu = tpu_update(*args, interpret=True)
+      else:
+        updates, mu, nu = jax.lax.platform_dependent(*args, tpu=tpu_update, default=xla_update)
+    return updates, ScaleByFoamState(count=count, mu=mu, nu=nu, param_shapes=state.param_shapes)
 
   return optax.GradientTransformation(init_fn, update_fn)

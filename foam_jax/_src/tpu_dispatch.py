@@ -1,0 +1,207 @@
+r"""Where FOAM's TPU kernel runs: which leaves, which shards, which platform.
+
+:func:`foam_jax.scale_by_foam` hands the leaves that
+:func:`~foam_jax._src.tpu_adam.plan` covers (float moments, a fold along
+axis -2) to :func:`split_update`, which it chooses on TPU when the program
+is lowered (``jax.lax.platform_dependent``); every other leaf, and every
+other platform, takes the XLA path. :func:`sharded_folded_adam` runs the
+kernel where it needs no communication: on one device, or per shard where
+the sharding is in the types (Explicit mesh axes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from foam_jax._src import folding
+from foam_jax._src import moment
+from foam_jax._src import quantized_state
+from foam_jax._src.tpu_adam import folded_adam
+from foam_jax._src.tpu_adam import plan
+
+__all__ = ["sharded_folded_adam", "covered_levels", "split_update", "interpret",
+           "interpreting"]
+
+
+def _mesh_names(entry: Any) -> tuple[str, ...]:
+  if entry is None:
+    return ()
+  return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _fitted_spec(mesh, spec, shape: tuple[int, ...], level: int) -> jax.sharding.PartitionSpec:
+  """``spec`` without the axes the kernel cannot split.
+
+  The fold needs whole blocks in each shard (shard lengths that ``k``
+  divides), and each shard must be a shape :func:`plan` covers.
+  """
+  entries = list(tuple(spec)) + [None] * (len(shape) - len(tuple(spec)))
+  shards = lambda e: math.prod(mesh.shape[n] for n in _mesh_names(e))  # noqa: E731
+  if shape[-2] % (folding.block_size(shape[-2], level) * shards(entries[-2])):
+    entries[-2] = None
+  for axis in (-1, -2):  # A shard the kernel would not cover: gathered.
+    if plan(_local_shape(shape, entries, shards), len(shape) - 2, level, jnp.float32) is None:
+      entries[axis] = None
+  return jax.sharding.PartitionSpec(*entries)
+
+
+def _local_shape(shape, entries, shards) -> tuple[int, ...]:
+  return tuple(d // shards(e) for d, e in zip(shape, entries))
+
+
+def _mesh(x: Any):
+  """The mesh in ``x``'s type (``jax.typeof``), or ``None``."""
+  mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+  return mesh if mesh is not None and tuple(getattr(mesh, "axis_names", None) or ()) else None
+
+
+def _spec(x: Any) -> jax.sharding.PartitionSpec:
+  given = tuple(jax.typeof(x).sharding.spec)
+  return jax.sharding.PartitionSpec(*given, *(None,) * (x.ndim - len(given)))
+
+
+def sharded_folded_adam(g: jax.Array, mu: jax.Array, nu: jax.Array, coefs: jax.Array, *,
+                        level: int, mean_of_squares: bool, fallback,
+                        interpret: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """:func:`folded_adam` where it runs without communication, else ``fallback``.
+
+  * On one device: the kernel.
+  * On a mesh whose axes are all Explicit (the sharding is in the types):
+    each device runs the kernel on its shard (``jax.shard_map``), where the
+    moments are sharded as the gradient, every shard holds whole fold
+    blocks and is a shape :func:`plan` covers.
+  * Otherwise ``fallback``, the XLA path: on a mesh with Auto axes the
+    sharding is not known when the update is traced, and XLA partitions a
+    kernel by gathering its operands (``custom_partitioning``, which could
+    place it per shard, does not reach libtpu's partitioner in jax 0.10).
+
+  Args:
+    g, mu, nu, coefs, level, mean_of_squares, interpret: as
+      :func:`folded_adam`.
+    fallback: ``(g, mu, nu) -> (u, mu, nu)``, the XLA path for one leaf.
+
+  Returns:
+    ``(u, mu, nu)``.
+  """
+  def local(coefs, g, mu, nu):
+    return folded_adam(g, mu, nu, coefs, level=level, mean_of_squares=mean_of_squares,
+                       interpret=interpret)
+
+  mesh = _mesh(g)
+  if mesh is None or mesh.size == 1:
+    return local(coefs, g, mu, nu)
+  if any(t != jax.sharding.AxisType.Explicit for t in mesh.axis_types):
+    return fallback(g, mu, nu)
+  spec, mu_spec, nu_spec = (_spec(x) for x in (g, mu, nu))
+  if _fitted_spec(mesh, spec, tuple(g.shape), level) != spec or not spec == mu_spec == nu_spec:
+    return fallback(g, mu, nu)
+  replicated = jax.sharding.PartitionSpec()
+  return jax.shard_map(local, mesh=mesh, in_specs=(replicated,) + (spec,) * 3,
+                       out_specs=(spec,) * 3, check_vma=False)(coefs, g, mu, nu)
+
+
+_INTERPRET = [False]
+
+
+@contextlib.contextmanager
+def interpret() -> Iterator[None]:
+  """Within it, :func:`foam_jax.scale_by_foam` runs the kernel on every platform.
+
+  In Pallas's interpreter, for the leaves :func:`plan` covers: how the
+  tests check the TPU path's numerics on CPU. Read when ``update`` is
+  traced.
+
+  Examples:
+    >>> import jax.numpy as jnp, foam_jax
+    >>> tx = foam_jax.scale_by_foam()
+    >>> params = {"w": jnp.ones((64, 128))}
+    >>> with interpret():
+    ...   u, _ = tx.update(params, tx.init(params))
+  """
+  _INTERPRET.append(True)
+  try:
+    yield
+  finally:
+    _INTERPRET.pop()
+
+
+def interpreting() -> bool:
+  """Whether :func:`interpret` is in effect."""
+  return _INTERPRET[-1]
+
+
+def _absent(x: Any) -> bool:
+  return x is None or isinstance(x, optax.MaskedNode)
+
+
+def _flat(tree: Any):
+  return jax.tree.flatten(tree, is_leaf=_absent)
+
+
+def covered_levels(grads: Any, mu: Any, nu: Any) -> list[int] | None:
+  """Each gradient leaf's fold level where the kernel covers it, else 0.
+
+  Leaves are in ``jax.tree.flatten`` order with absent parameters (``None``,
+  ``optax.MaskedNode``) as leaves. ``None`` where no leaf is covered, and
+  for 8-bit moments (the XLA path's).
+  """
+  if isinstance(mu, quantized_state.QuantizedMoments) or isinstance(
+      nu, quantized_state.QuantizedMoments):
+    return None
+  g_leaves, mu_leaves, nu_leaves = (_flat(x)[0] for x in (grads, mu, nu))
+  if not len(g_leaves) == len(mu_leaves) == len(nu_leaves):
+    return None  # The XLA path says what does not fit.
+  levels = [_leaf_level(*xs) for xs in zip(g_leaves, mu_leaves, nu_leaves)]
+  return levels if any(levels) else None
+
+
+def _leaf_level(g: Any, m: Any, v: Any) -> int:
+  if _absent(g) or not all(hasattr(x, "shape") and hasattr(x, "dtype") for x in (g, m, v)):
+    return 0
+  if m.shape != v.shape or any(jnp.dtype(x.dtype) not in (jnp.float16, jnp.bfloat16, jnp.float32)
+                               for x in (m, v)):
+    return 0
+  try:
+    geom = moment.geometry(None, tuple(g.shape), tuple(m.shape))
+  except ValueError:
+    return 0  # The XLA path says what does not fit.
+  if geom is None or plan(tuple(g.shape), geom.axis, geom.level, g.dtype) is None:
+    return 0
+  return geom.level
+
+
+def split_update(xla_update, kernel, levels: list[int], grads: Any, mu: Any, nu: Any):
+  """``xla_update`` on the leaves the kernel does not cover, ``kernel`` on the rest.
+
+  Args:
+    xla_update: ``(grads, mu, nu) -> (updates, mu, nu)``, the XLA path.
+    kernel: ``(g, mu, nu, level) -> (u, mu, nu)`` for one covered leaf.
+    levels: :func:`covered_levels`.
+    grads, mu, nu: the gradients and the stored moments (trees).
+
+  Returns:
+    ``(updates, mu, nu)`` as ``xla_update`` returns them.
+  """
+  g_leaves, g_def = _flat(grads)
+  mu_leaves, mu_def = _flat(mu)
+  nu_leaves, nu_def = _flat(nu)
+
+  def hide(leaves):  # Covered leaves become absent for the XLA path.
+    return [optax.MaskedNode() if level else x for level, x in zip(levels, leaves)]
+
+  outs = xla_update(g_def.unflatten(hide(g_leaves)), mu_def.unflatten(hide(mu_leaves)),
+                    nu_def.unflatten(hide(nu_leaves)))
+  flat_outs = [_flat(o) for o in outs]
+  for i, level in enumerate(levels):
+    if level:
+      news = kernel(g_leaves[i], mu_leaves[i], nu_leaves[i], level)
+      for (leaves, _), new in zip(flat_outs, news):
+        leaves[i] = new
+  return tuple(treedef.unflatten(leaves) for leaves, treedef in flat_outs)
