@@ -99,6 +99,17 @@ def render_updates(data: dict[str, Any]) -> str:
       "one kernel, and an XLA GPU kernel has one loop shape (the weight's is four "
       "times the moments').",
       "",
+      "On TPU, FOAM's folded leaves (float moments, fold axis -2) take a Pallas "
+      "kernel (`foam_jax/_src/tpu_adam.py`) that reads the gradient and the folded "
+      "moments and writes the moments and the update once each; "
+      "`optax.apply_updates` then reads the update and the weight and writes the "
+      "weight: 6 weight-sizes at level 2 with bf16 moments. libtpu's cost analysis "
+      "counts a kernel as moving nothing, so each cell adds the kernel's operands "
+      "and outputs in HBM (its grid copies each block once: "
+      "`deviceless.pallas_kernel_bytes`). Arrays the compiler places in VMEM are "
+      "counted by the copies that move them, which the compiler counts as a read "
+      "and a write.",
+      "",
       f"## `{HEADLINE_LEAF}`: bytes per weight byte (ratio)",
       "",
       *headline(rows),
@@ -120,5 +131,7 @@ def render_updates(data: dict[str, Any]) -> str:
     lines.append("")
   lines += ["## Provenance", ""]
   lines += [f"- {k}: {v}" for k, v in sorted(info.items())]
+  commits = sorted({r.get("commit", "not recorded") for r in rows})
+  lines.append(f"- commit of the rows: {', '.join(commits)}")
   lines.append("")
   return "\n".join(lines)

@@ -46,6 +46,7 @@ import optax
 import foam_jax
 from benchmarks import deviceless
 from examples.llama import optimizers
+from examples.llama import outputs
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "compile")
 
@@ -188,6 +189,7 @@ def run(chips, leaves, dtypes, names, path, log=print) -> dict[str, Any]:
   data["omitted"] = [f"{name} on {chip}: {omitted(chip, name)}"
                      for chip in chips for name in names if omitted(chip, name)]
   done = {row_key(r) for r in data["rows"]}
+  commit = outputs.git_commit()  # Each row records the code it compiled.
   for chip in chips:
     for dtype in dtypes:
       for leaf in leaves:
@@ -196,6 +198,7 @@ def run(chips, leaves, dtypes, names, path, log=print) -> dict[str, Any]:
           row = {"chip": chip, "dtype": dtype, "leaf": leaf, "optimizer": name}
           if row_key(row) in done or omitted(chip, name):
             continue
+          row["commit"] = commit
           try:
             row.update(measure_update(make_optimizer(name), params, chip))
           except Exception as e:  # a failed compile is a result to report
