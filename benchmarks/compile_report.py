@@ -39,14 +39,18 @@ import sys
 import time
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-import optax
-
-import foam_jax
 from benchmarks import deviceless
-from examples.llama import optimizers
-from examples.llama import outputs
+
+# Before JAX reads its platforms: the CUDA plugin must not look for a GPU.
+deviceless.configure_environment()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import optax  # noqa: E402
+
+import foam_jax  # noqa: E402
+from examples.llama import optimizers  # noqa: E402
+from examples.llama import outputs  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "compile")
 
@@ -222,7 +226,6 @@ def main(argv=None) -> None:
   parser.add_argument("--out", default=os.path.join(RESULTS, "updates.json"))
   parser.add_argument("--render", action="store_true", help="only write the report")
   args = parser.parse_args(argv)
-  deviceless.configure_environment()  # Before JAX starts its backends.
   if not args.render:
     run(args.chips, args.leaves, args.dtypes, args.optimizers, args.out)
   from benchmarks import compile_render  # noqa: PLC0415
