@@ -68,6 +68,8 @@ def per_leaf(rows: list[dict[str, Any]], chip: str, dtype: str) -> list[str]:
       cell = _cell(row, base)
       if row is not None and "error" not in row:
         cell += f", {row['kernels']} k"
+        if row.get("kernel_bytes"):  # The Pallas kernel ran: its share of the bytes.
+          cell += f" (Pallas {row['kernel_bytes'] / row['weight_bytes']:.2f})"
       cells.append(cell)
     out.append(f"| {name} | " + " | ".join(cells) + " |")
   return out
@@ -106,7 +108,8 @@ def render_updates(data: dict[str, Any]) -> str:
       "weight: 6 weight-sizes at level 2 with bf16 moments. libtpu's cost analysis "
       "counts a kernel as moving nothing, so each cell adds the kernel's operands "
       "and outputs in HBM (its grid copies each block once: "
-      "`deviceless.pallas_kernel_bytes`). Arrays the compiler places in VMEM are "
+      "`deviceless.pallas_kernel_bytes`), shown as `Pallas` in the per-leaf tables: "
+      "a leaf without it took the XLA update. Arrays the compiler places in VMEM are "
       "counted by the copies that move them, which the compiler counts as a read "
       "and a write.",
       "",
