@@ -17,6 +17,8 @@ from foam_jax._src import named_scales
 from foam_jax._src import param_shapes as param_shapes_lib
 from foam_jax._src import placement
 from foam_jax._src import specs as specs_lib
+from foam_jax._src import tpu_dispatch
+from foam_jax._src import tpu_lion
 from foam_jax._src import validation as _validation
 
 __all__ = ["ScaleByFoldedLionState", "scale_by_folded_lion", "foam_lion"]
@@ -140,18 +142,49 @@ def scale_by_folded_lion(
     specs = specs_lib.resolve_fold_specs(updates, fold_spec, fold_level)
 
     count = optax.safe_increment(state.count)
-    leaves, (mu,) = folded_moments.update_moments(
-        updates, specs, [folded_moments.MomentUpdate(state.mu, b2, "mean", "mu")],
-        count=count, residual_scale=residual_scale, optax_order=True)
 
-    def leaf_update(lm, g):
-      fg, (previous,) = lm.gradient, lm.previous
-      compute = fg.blocks.dtype
-      # The read uses the momentum before this step's update, as Lion does.
-      u = squash((1.0 - b1) * fg.blocks + b1 * fg.read(previous.astype(compute)))
-      return fg.unblock(u).astype(g.dtype)
+    def xla_update(updates, mu_stored, specs=specs):
+      """The update and the new momentum, as XLA computes them on every platform."""
+      leaves, (mu,) = folded_moments.update_moments(
+          updates, specs, [folded_moments.MomentUpdate(mu_stored, b2, "mean", "mu")],
+          count=count, residual_scale=residual_scale, optax_order=True)
 
-    updates = folded_moments.leaf_map(leaf_update, specs, leaves, updates)
+      def leaf_update(lm, g):
+        fg, (previous,) = lm.gradient, lm.previous
+        compute = fg.blocks.dtype
+        # The read uses the momentum before this step's update, as Lion does.
+        u = squash((1.0 - b1) * fg.blocks + b1 * fg.read(previous.astype(compute)))
+        return fg.unblock(u).astype(g.dtype)
+
+      return folded_moments.leaf_map(leaf_update, specs, leaves, updates), mu
+
+    levels = tpu_dispatch.covered_levels(updates, state.mu)
+    if levels is None:
+      updates, mu = xla_update(updates, state.mu)
+    else:
+      # On TPU the leaves tpu_folded.plan covers take the kernel (chosen when
+      # the program is lowered); the rest, and every other platform, XLA's.
+      coefs = tpu_lion.coefficients(b1=b1, b2=b2, residual_scale=residual_scale,
+                                    smooth_beta=smooth_beta)
+
+      def xla_leaf(g, mu):
+        u, mu = xla_update({"x": g}, {"x": mu}, specs={"x": None})
+        return u["x"], mu["x"]
+
+      def tpu_update(*args, interpret=False):
+        def kernel(g, mu, level):
+          def local(coefs, g, mu):
+            return tpu_lion.folded_lion(g, mu, coefs, level=level, mode=mode,
+                                        interpret=interpret)
+          return tpu_dispatch.per_shard(local, g, (mu,), coefs, level=level,
+                                        fallback=xla_leaf)
+        return tpu_dispatch.split_update(xla_update, kernel, levels, *args)
+
+      args = (updates, state.mu)
+      if tpu_dispatch.interpreting():
+        updates, mu = tpu_update(*args, interpret=True)
+      else:
+        updates, mu = jax.lax.platform_dependent(*args, tpu=tpu_update, default=xla_update)
     return updates, ScaleByFoldedLionState(count=count, mu=mu,
                                            param_shapes=state.param_shapes)
 

@@ -1,131 +1,36 @@
 r"""FOAM's folded Adam update on TPU: one Pallas (Mosaic) kernel per leaf.
 
-XLA's TPU program for the blocked view of a fold along axis -2 (blocks of
-:math:`k = 2^l` rows) puts the block into the two minor dimensions that the
-TPU tiles, relayouts the gradient and hands full-size float32 intermediates
-between its kernels. This kernel streams each ``(tr, tc)`` tile of the
-gradient once, with the matching ``(tr / k, tc)`` tile of each moment:
+With :mod:`~foam_jax._src.tpu_folded`'s pass over the tiles of a leaf
+folded along axis -2:
 
 .. math::
 
-  F g &= \tfrac{1}{k} \textstyle\sum_j g_{j::k}, \qquad
-  T = F(g^2) \text{ or } (F g)^2 \\
   \tilde m &\leftarrow \beta_1 \tilde m + (1 - \beta_1) F g, \qquad
-  \tilde v \leftarrow \beta_2 \tilde v + (1 - \beta_2) T
-  \quad \text{(stored, then read as stored)} \\
-  R &= g - U F g \\
+  \tilde v \leftarrow \beta_2 \tilde v + (1 - \beta_2) T,
+  \qquad T = F(g^2) \text{ or } (F g)^2 \\
   u &= s_u \frac{a_m U \tilde m + b_m U F g + c_m R}
                 {\sqrt{a_v U \tilde v + c_v R^2 + v_f} + \epsilon}
 
-The rows of one block are ``k`` strided loads (``g[j::k]``) from a float32
-copy of the tile in VMEM, so :math:`F`, :math:`U` and :math:`R` are
-elementwise work on ``(tr / k, 128)`` slabs. :func:`coefficients` gives
+with the moments read as stored, and :func:`coefficients` giving
 :math:`(a_m, b_m, c_m, a_v, c_v, s_u, v_f)` for each bias-correction form of
-:func:`foam_jax.scale_by_foam` (with Nesterov's momentum); the state format
-is the XLA path's. A tail block (an axis length that ``k`` does not divide)
-is averaged over its true rows.
-
-Each block of every operand is copied between HBM and VMEM once
-(:func:`block_visits`), so the kernel moves what its operands and outputs
-hold (:func:`hbm_bytes`): the gradient, the moments in and out, and ``u``.
-:mod:`foam_jax._src.tpu_dispatch` chooses it on TPU when the program is
-lowered (``jax.lax.platform_dependent``) for the leaves :func:`plan` covers;
-the XLA path is the reference and every other platform's program.
+:func:`foam_jax.scale_by_foam` (with Nesterov's momentum). The state format
+is the XLA path's, which stays the reference and every other platform's
+program; :mod:`foam_jax._src.tpu_dispatch` chooses between them.
 """
 
 from __future__ import annotations
 
-import functools
-import math
 from typing import Any
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
-from foam_jax._src import folding
+from foam_jax._src import tpu_folded
 
-__all__ = ["KernelPlan", "plan", "coefficients", "folded_adam", "block_visits",
-           "hbm_bytes", "KERNEL_NAME"]
+__all__ = ["coefficients", "folded_adam", "KERNEL_NAME"]
 
 KERNEL_NAME = "foam_folded_adam"
-LANES = 128
-MAX_BLOCK = folding.MAX_SLICED_BLOCK
-FOLDED_ROWS = 32  # Moment rows per tile: a multiple of bf16's 16-row tile.
 _COEFFICIENTS = ("b1", "b2", "am", "bm", "cm", "av", "cv", "su", "vf", "eps")
-
-
-class KernelPlan(NamedTuple):
-  """The tiling of one leaf of shape ``(*batch, rows, cols)``.
-
-  Attributes:
-    batch: the product of the leading dimensions (1 for a matrix).
-    rows: the fold axis's length.
-    cols: the last axis's length.
-    block: ``k``, rows per fold block.
-    tile_rows: gradient rows per tile (``folded_tile_rows * block``, or
-      ``rows`` when one tile holds the axis).
-    folded_tile_rows: moment rows per tile.
-    tile_cols: columns per tile (a multiple of 128).
-  """
-
-  batch: int
-  rows: int
-  cols: int
-  block: int
-  tile_rows: int
-  folded_tile_rows: int
-  tile_cols: int
-
-  @property
-  def folded_rows(self) -> int:
-    return -(-self.rows // self.block)
-
-  @property
-  def tail(self) -> bool:
-    """Whether the last fold block is shorter than ``block``."""
-    return self.rows % self.block != 0
-
-  @property
-  def grid(self) -> tuple[int, int, int]:
-    return (self.batch, -(-self.rows // self.tile_rows), -(-self.cols // self.tile_cols))
-
-
-def plan(shape: tuple[int, ...], axis: int, level: int, dtype: Any) -> KernelPlan | None:
-  """The kernel's tiling for a leaf, or ``None`` where the XLA path runs.
-
-  Covered: real float16, bfloat16 and float32 leaves of rank 2 or more,
-  folded along the second-to-last axis in blocks of 2 to
-  :data:`MAX_BLOCK` rows, with at least 128 columns. A tail block is
-  covered where the axis spans more than one tile.
-
-  Examples:
-    >>> plan((4096, 11008), 0, 2, "bfloat16").grid
-    (1, 32, 22)
-    >>> plan((4096, 11008), 1, 2, "bfloat16") is None  # fold axis -1
-    True
-  """
-  dtype = jnp.dtype(dtype)
-  if len(shape) < 2 or axis % len(shape) != len(shape) - 2:
-    return None
-  if dtype not in (jnp.float16, jnp.bfloat16, jnp.float32):
-    return None
-  rows, cols = shape[-2:]
-  k = folding.block_size(rows, level) if rows else 0
-  if not 2 <= k <= MAX_BLOCK or cols < LANES:
-    return None
-  nb = -(-rows // k)
-  if nb > FOLDED_ROWS:
-    folded_tile, tile_rows = FOLDED_ROWS, FOLDED_ROWS * k
-  elif rows % k:
-    return None  # One tile with a tail block: left to XLA.
-  else:
-    folded_tile, tile_rows = nb, rows
-  tile_cols = min(512 if k <= 4 else 256, cols // LANES * LANES)
-  return KernelPlan(math.prod(shape[:-2]), rows, cols, k, tile_rows, folded_tile, tile_cols)
 
 
 def coefficients(form: str, nesterov: bool, count: jax.Array, *, b1: Any, b2: Any,
@@ -178,51 +83,24 @@ def coefficients(form: str, nesterov: bool, count: jax.Array, *, b1: Any, b2: An
   return jnp.stack([b1, b2, am, bm, cm, av, cv, su, vf, eps])
 
 
-def _kernel(coef_ref, g_ref, mu_ref, nu_ref, u_ref, mu_out, nu_out, *scratch,
-            kplan: KernelPlan, mean_of_squares: bool):
-  k, tile_rows = kplan.block, kplan.tile_rows
-  r = kplan.folded_tile_rows
-  b1, b2, am, bm, cm, av, cv, su, vf, eps = (coef_ref[i] for i in range(len(_COEFFICIENTS)))
-  f32 = jnp.float32
-  masks: list[jax.Array] | None = None
-  inverse: Any = 1.0 / k
-  if kplan.tail:
-    # Rows of this tile inside the axis; part j of folded row q is row q k + j.
-    valid = kplan.rows - pl.program_id(1) * tile_rows
-    row = jax.lax.broadcasted_iota(jnp.int32, (r, LANES), 0) * k
-    masks = [row + j < valid for j in range(k)]
-    inverse = 1.0 / jnp.maximum(sum(m.astype(f32) for m in masks), 1.0)
-  chunks = len(scratch) // 2
-  for chunk in range(chunks):
-    cols = pl.ds(chunk * LANES, LANES)
-    g_tile, u_tile = scratch[chunk], scratch[chunks + chunk]
-    g_tile[...] = g_ref[:, cols].astype(f32)
-    parts = [g_tile[pl.ds(j, r, stride=k), :] for j in range(k)]
-    if masks is not None:
-      parts = [jnp.where(m, p, 0.0) for m, p in zip(masks, parts)]
-    mean = sum(parts[1:], parts[0]) * inverse
+def _moments(mean_of_squares: bool):
+  def moments(coef, parts, mean, inverse, olds):
+    b1, b2 = coef[0], coef[1]
     if mean_of_squares:
       target = sum((p * p for p in parts[1:]), parts[0] * parts[0]) * inverse
     else:
       target = mean * mean
-    mu = (b1 * mu_ref[:, cols].astype(f32) + (1.0 - b1) * mean).astype(mu_out.dtype)
-    nu = (b2 * nu_ref[:, cols].astype(f32) + (1.0 - b2) * target).astype(nu_out.dtype)
-    mu_out[:, cols] = mu
-    nu_out[:, cols] = nu
-    m_base = am * mu.astype(f32) + bm * mean
-    v_base = av * nu.astype(f32) + vf
-    for j, p in enumerate(parts):
-      res = p - mean
-      u_tile[pl.ds(j, r, stride=k), :] = su * (m_base + cm * res) / (
-          jnp.sqrt(v_base + cv * res * res) + eps)
-    u_ref[:, cols] = u_tile[...].astype(u_ref.dtype)
+    mu, nu = olds
+    return b1 * mu + (1.0 - b1) * mean, b2 * nu + (1.0 - b2) * target
+  return moments
 
 
-def _specs(kplan: KernelPlan):
-  grad = pl.BlockSpec((pl.squeezed, kplan.tile_rows, kplan.tile_cols), lambda b, i, j: (b, i, j))
-  folded = pl.BlockSpec((pl.squeezed, kplan.folded_tile_rows, kplan.tile_cols),
-                        lambda b, i, j: (b, i, j))
-  return grad, folded
+def _update(coef, part, mean, olds, news):
+  del olds
+  _, _, am, bm, cm, av, cv, su, vf, eps = (coef[i] for i in range(len(_COEFFICIENTS)))
+  mu, nu = news
+  res = part - mean
+  return su * (am * mu + bm * mean + cm * res) / (jnp.sqrt(av * nu + vf + cv * res * res) + eps)
 
 
 def folded_adam(g: jax.Array, mu: jax.Array, nu: jax.Array, coefs: jax.Array, *,
@@ -231,9 +109,10 @@ def folded_adam(g: jax.Array, mu: jax.Array, nu: jax.Array, coefs: jax.Array, *,
   """One leaf's update ``u`` and new moments, in one pass over its tiles.
 
   Args:
-    g: the gradient, folded along axis -2 (:func:`plan` must cover it).
-    mu, nu: the stored folded moments (float, ``g``'s shape with the fold
-      axis ``ceil(rows / k)`` long); overwritten in place where donated.
+    g: the gradient, folded along axis -2
+      (:func:`~foam_jax._src.tpu_folded.plan` must cover it).
+    mu, nu: the stored folded moments (float); overwritten in place where
+      donated.
     coefs: :func:`coefficients`.
     level: the fold level.
     mean_of_squares: the second moment averages :math:`F(g^2)` (else
@@ -242,68 +121,17 @@ def folded_adam(g: jax.Array, mu: jax.Array, nu: jax.Array, coefs: jax.Array, *,
 
   Returns:
     ``(u, mu, nu)``: ``u`` in ``g``'s dtype, the moments in theirs.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> g = jnp.ones((64, 128))
+    >>> coefs = coefficients("step_size", False, jnp.array(1), b1=0.9, b2=0.999,
+    ...                      eps=1e-8, eps_root=0.0, alpha=1.0, residual_scale=1.0)
+    >>> u, mu, nu = folded_adam(g, jnp.zeros((16, 128)), jnp.zeros((16, 128)), coefs,
+    ...                         level=2, mean_of_squares=True, interpret=True)
+    >>> round(float(u[0, 0]), 4), round(float(mu[0, 0]), 4)  # Adam's first step: 1
+    (1.0, 0.1)
   """
-  kplan = plan(g.shape, g.ndim - 2, level, g.dtype)
-  if kplan is None:
-    raise ValueError(f"The TPU kernel does not cover a {g.dtype} gradient of shape "
-                     f"{g.shape} folded at level {level} along axis -2.")
-  batch, rows, cols, nb = kplan.batch, kplan.rows, kplan.cols, kplan.folded_rows
-  if mu.shape[-2] != nb or nu.shape[-2] != nb:
-    raise ValueError(f"moments of shapes {mu.shape} and {nu.shape} are not a fold of {g.shape}.")
-  grad, folded = _specs(kplan)
-  scratch_rows = kplan.folded_tile_rows * kplan.block
-  chunks = kplan.tile_cols // LANES
-  u, mu_new, nu_new = pl.pallas_call(
-      functools.partial(_kernel, kplan=kplan, mean_of_squares=mean_of_squares),
-      grid=kplan.grid,
-      in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), grad, folded, folded],
-      out_specs=[grad, folded, folded],
-      out_shape=[jax.ShapeDtypeStruct((batch, rows, cols), g.dtype),
-                 jax.ShapeDtypeStruct((batch, nb, cols), mu.dtype),
-                 jax.ShapeDtypeStruct((batch, nb, cols), nu.dtype)],
-      scratch_shapes=[pltpu.VMEM((scratch_rows, LANES), jnp.float32)] * (2 * chunks),
-      input_output_aliases={2: 1, 3: 2},
-      compiler_params=pltpu.CompilerParams(
-          dimension_semantics=("parallel", "parallel", "parallel")),
-      interpret=interpret,
-      name=KERNEL_NAME,
-  )(coefs, g.reshape(batch, rows, cols), mu.reshape(batch, nb, cols),
-    nu.reshape(batch, nb, cols))
-  return u.reshape(g.shape), mu_new.reshape(mu.shape), nu_new.reshape(nu.shape)
-
-
-def block_visits(kplan: KernelPlan) -> dict[str, list[tuple[int, int, int]]]:
-  """The block each operand copies in at each grid step, in the grid's order.
-
-  A block whose index is the same as the previous step's is not copied
-  again (Pallas's pipeline keeps it), so these lists are the copies.
-  """
-  visits: dict[str, list[tuple[int, int, int]]] = {"gradient": [], "moments": []}
-  for b, i, j in np.ndindex(*kplan.grid):
-    for name in visits:
-      index = (b, i, j)  # Both index maps are the identity on the grid.
-      if not visits[name] or visits[name][-1] != index:
-        visits[name].append(index)
-  return visits
-
-
-def hbm_bytes(kplan: KernelPlan, g_dtype: Any, mu_dtype: Any, nu_dtype: Any) -> int:
-  """HBM bytes the kernel moves: each copied block's in-bounds part, in and out.
-
-  The gradient is read and ``u`` written (``g``'s dtype); each moment is
-  read and written.
-  """
-  def in_bounds(index, block_rows, rows):
-    _, i, j = index
-    height = min(block_rows, rows - i * block_rows)
-    width = min(kplan.tile_cols, kplan.cols - j * kplan.tile_cols)
-    return height * width
-
-  visits = block_visits(kplan)
-  grad = sum(in_bounds(ix, kplan.tile_rows, kplan.rows) for ix in visits["gradient"])
-  folded = sum(in_bounds(ix, kplan.folded_tile_rows, kplan.folded_rows)
-               for ix in visits["moments"])
-  size = lambda dt: jnp.dtype(dt).itemsize  # noqa: E731
-  return 2 * grad * size(g_dtype) + 2 * folded * (size(mu_dtype) + size(nu_dtype))
-
-
+  u, mu, nu = tpu_folded.folded_call(_moments(mean_of_squares), _update, g, (mu, nu), coefs,
+                                     level=level, name=KERNEL_NAME, interpret=interpret)
+  return u, mu, nu

@@ -1,10 +1,10 @@
-r"""Where FOAM's TPU kernel runs: which leaves, which shards, which platform.
+r"""Where FOAM's TPU kernels run: which leaves, which shards, which platform.
 
-:func:`foam_jax.scale_by_foam` hands the leaves that
-:func:`~foam_jax._src.tpu_adam.plan` covers (float moments, a fold along
-axis -2) to :func:`split_update`, which it chooses on TPU when the program
-is lowered (``jax.lax.platform_dependent``); every other leaf, and every
-other platform, takes the XLA path. :func:`sharded_folded_adam` runs the
+:func:`foam_jax.scale_by_foam` and :func:`foam_jax.scale_by_folded_lion`
+hand the leaves that :func:`~foam_jax._src.tpu_folded.plan` covers (float
+moments, a fold along axis -2) to :func:`split_update`, which they choose on
+TPU when the program is lowered (``jax.lax.platform_dependent``); every other
+leaf, and every other platform, takes the XLA path. :func:`per_shard` runs a
 kernel where it needs no communication: on one device, or per shard where
 the sharding is in the types (Explicit mesh axes).
 """
@@ -23,11 +23,9 @@ import optax
 from foam_jax._src import folding
 from foam_jax._src import moment
 from foam_jax._src import quantized_state
-from foam_jax._src.tpu_adam import folded_adam
-from foam_jax._src.tpu_adam import plan
+from foam_jax._src.tpu_folded import plan
 
-__all__ = ["sharded_folded_adam", "covered_levels", "split_update", "interpret",
-           "interpreting"]
+__all__ = ["per_shard", "covered_levels", "split_update", "interpret", "interpreting"]
 
 
 def _mesh_names(entry: Any) -> tuple[str, ...]:
@@ -67,44 +65,44 @@ def _spec(x: Any) -> jax.sharding.PartitionSpec:
   return jax.sharding.PartitionSpec(*given, *(None,) * (x.ndim - len(given)))
 
 
-def sharded_folded_adam(g: jax.Array, mu: jax.Array, nu: jax.Array, coefs: jax.Array, *,
-                        level: int, mean_of_squares: bool, fallback,
-                        interpret: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """:func:`folded_adam` where it runs without communication, else ``fallback``.
+def per_shard(local, g: jax.Array, stored: tuple[jax.Array, ...], coefs: jax.Array, *,
+              level: int, fallback) -> tuple[jax.Array, ...]:
+  """``local`` (a kernel) where it runs without communication, else ``fallback``.
 
   * On one device: the kernel.
   * On a mesh whose axes are all Explicit (the sharding is in the types):
     each device runs the kernel on its shard (``jax.shard_map``), where the
     moments are sharded as the gradient, every shard holds whole fold
-    blocks and is a shape :func:`plan` covers.
+    blocks and is a shape :func:`~foam_jax._src.tpu_folded.plan` covers.
   * Otherwise ``fallback``, the XLA path: on a mesh with Auto axes the
     sharding is not known when the update is traced, and XLA partitions a
     kernel by gathering its operands (``custom_partitioning``, which could
     place it per shard, does not reach libtpu's partitioner in jax 0.10).
 
   Args:
-    g, mu, nu, coefs, level, mean_of_squares, interpret: as
-      :func:`folded_adam`.
-    fallback: ``(g, mu, nu) -> (u, mu, nu)``, the XLA path for one leaf.
+    local: ``(coefs, g, *stored) -> (u, *new)``, the kernel on one leaf.
+    g: the gradient.
+    stored: its stored folded moments.
+    coefs: the kernel's scalars.
+    level: the fold level.
+    fallback: ``(g, *stored) -> (u, *new)``, the XLA path for one leaf.
 
   Returns:
-    ``(u, mu, nu)``.
+    ``(u, *new_moments)``.
   """
-  def local(coefs, g, mu, nu):
-    return folded_adam(g, mu, nu, coefs, level=level, mean_of_squares=mean_of_squares,
-                       interpret=interpret)
-
   mesh = _mesh(g)
   if mesh is None or mesh.size == 1:
-    return local(coefs, g, mu, nu)
+    return local(coefs, g, *stored)
   if any(t != jax.sharding.AxisType.Explicit for t in mesh.axis_types):
-    return fallback(g, mu, nu)
-  spec, mu_spec, nu_spec = (_spec(x) for x in (g, mu, nu))
-  if _fitted_spec(mesh, spec, tuple(g.shape), level) != spec or not spec == mu_spec == nu_spec:
-    return fallback(g, mu, nu)
-  replicated = jax.sharding.PartitionSpec()
-  return jax.shard_map(local, mesh=mesh, in_specs=(replicated,) + (spec,) * 3,
-                       out_specs=(spec,) * 3, check_vma=False)(coefs, g, mu, nu)
+    return fallback(g, *stored)
+  spec = _spec(g)
+  if (_fitted_spec(mesh, spec, tuple(g.shape), level) != spec
+      or any(_spec(m) != spec for m in stored)):
+    return fallback(g, *stored)
+  count = 1 + len(stored)
+  return jax.shard_map(local, mesh=mesh,
+                       in_specs=(jax.sharding.PartitionSpec(),) + (spec,) * count,
+                       out_specs=(spec,) * count, check_vma=False)(coefs, g, *stored)
 
 
 _INTERPRET = [False]
@@ -145,31 +143,31 @@ def _flat(tree: Any):
   return jax.tree.flatten(tree, is_leaf=_absent)
 
 
-def covered_levels(grads: Any, mu: Any, nu: Any) -> list[int] | None:
-  """Each gradient leaf's fold level where the kernel covers it, else 0.
+def covered_levels(grads: Any, *stored: Any) -> list[int] | None:
+  """Each gradient leaf's fold level where a kernel covers it, else 0.
 
   Leaves are in ``jax.tree.flatten`` order with absent parameters (``None``,
   ``optax.MaskedNode``) as leaves. ``None`` where no leaf is covered, and
   for 8-bit moments (the XLA path's).
   """
-  if isinstance(mu, quantized_state.QuantizedMoments) or isinstance(
-      nu, quantized_state.QuantizedMoments):
+  if any(isinstance(m, quantized_state.QuantizedMoments) for m in stored):
     return None
-  g_leaves, mu_leaves, nu_leaves = (_flat(x)[0] for x in (grads, mu, nu))
-  if not len(g_leaves) == len(mu_leaves) == len(nu_leaves):
+  g_leaves = _flat(grads)[0]
+  moment_leaves = [_flat(m)[0] for m in stored]
+  if any(len(m) != len(g_leaves) for m in moment_leaves):
     return None  # The XLA path says what does not fit.
-  levels = [_leaf_level(*xs) for xs in zip(g_leaves, mu_leaves, nu_leaves)]
+  levels = [_leaf_level(g, *ms) for g, *ms in zip(g_leaves, *moment_leaves)]
   return levels if any(levels) else None
 
 
-def _leaf_level(g: Any, m: Any, v: Any) -> int:
-  if _absent(g) or not all(hasattr(x, "shape") and hasattr(x, "dtype") for x in (g, m, v)):
+def _leaf_level(g: Any, *stored: Any) -> int:
+  if _absent(g) or not all(hasattr(x, "shape") and hasattr(x, "dtype") for x in (g, *stored)):
     return 0
-  if m.shape != v.shape or any(jnp.dtype(x.dtype) not in (jnp.float16, jnp.bfloat16, jnp.float32)
-                               for x in (m, v)):
+  floats = (jnp.float16, jnp.bfloat16, jnp.float32)
+  if any(m.shape != stored[0].shape or jnp.dtype(m.dtype) not in floats for m in stored):
     return 0
   try:
-    geom = moment.geometry(None, tuple(g.shape), tuple(m.shape))
+    geom = moment.geometry(None, tuple(g.shape), tuple(stored[0].shape))
   except ValueError:
     return 0  # The XLA path says what does not fit.
   if geom is None or plan(tuple(g.shape), geom.axis, geom.level, g.dtype) is None:
@@ -177,31 +175,31 @@ def _leaf_level(g: Any, m: Any, v: Any) -> int:
   return geom.level
 
 
-def split_update(xla_update, kernel, levels: list[int], grads: Any, mu: Any, nu: Any):
-  """``xla_update`` on the leaves the kernel does not cover, ``kernel`` on the rest.
+def split_update(xla_update, kernel, levels: list[int], grads: Any, *stored: Any):
+  """``xla_update`` on the leaves no kernel covers, ``kernel`` on the rest.
 
   Args:
-    xla_update: ``(grads, mu, nu) -> (updates, mu, nu)``, the XLA path.
-    kernel: ``(g, mu, nu, level) -> (u, mu, nu)`` for one covered leaf.
+    xla_update: ``(grads, *stored) -> (updates, *new)``, the XLA path.
+    kernel: ``(g, *stored, level) -> (u, *new)`` for one covered leaf.
     levels: :func:`covered_levels`.
-    grads, mu, nu: the gradients and the stored moments (trees).
+    grads: the gradients.
+    stored: the stored moments (trees like the gradients).
 
   Returns:
-    ``(updates, mu, nu)`` as ``xla_update`` returns them.
+    ``(updates, *new)`` as ``xla_update`` returns them.
   """
   g_leaves, g_def = _flat(grads)
-  mu_leaves, mu_def = _flat(mu)
-  nu_leaves, nu_def = _flat(nu)
+  flat_stored = [_flat(m) for m in stored]
 
   def hide(leaves):  # Covered leaves become absent for the XLA path.
     return [optax.MaskedNode() if level else x for level, x in zip(levels, leaves)]
 
-  outs = xla_update(g_def.unflatten(hide(g_leaves)), mu_def.unflatten(hide(mu_leaves)),
-                    nu_def.unflatten(hide(nu_leaves)))
+  outs = xla_update(g_def.unflatten(hide(g_leaves)),
+                    *(treedef.unflatten(hide(leaves)) for leaves, treedef in flat_stored))
   flat_outs = [_flat(o) for o in outs]
   for i, level in enumerate(levels):
     if level:
-      news = kernel(g_leaves[i], mu_leaves[i], nu_leaves[i], level)
+      news = kernel(g_leaves[i], *(leaves[i] for leaves, _ in flat_stored), level)
       for (leaves, _), new in zip(flat_outs, news):
         leaves[i] = new
   return tuple(treedef.unflatten(leaves) for leaves, treedef in flat_outs)

@@ -331,7 +331,7 @@ def scale_by_foam(
     if levels is None:
       updates, mu, nu = xla_update(updates, state.mu, state.nu)
     else:
-      # On TPU the leaves tpu_adam.plan covers take its kernel (chosen when
+      # On TPU the leaves tpu_folded.plan covers take the kernel (chosen when
       # the program is lowered); the rest, and every other platform, XLA's.
       coefs = tpu_adam.coefficients(
           bias_correction, nesterov, count, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
@@ -344,9 +344,12 @@ def scale_by_foam(
 
       def tpu_update(*args, interpret=False):
         def kernel(g, mu, nu, level):
-          return tpu_dispatch.sharded_folded_adam(
-              g, mu, nu, coefs, level=level, interpret=interpret, fallback=xla_leaf,
-              mean_of_squares=second_moment == "mean_of_squares")
+          def local(coefs, g, mu, nu):
+            return tpu_adam.folded_adam(
+                g, mu, nu, coefs, level=level, interpret=interpret,
+                mean_of_squares=second_moment == "mean_of_squares")
+          return tpu_dispatch.per_shard(local, g, (mu, nu), coefs, level=level,
+                                        fallback=xla_leaf)
         return tpu_dispatch.split_update(xla_update, kernel, levels, *args)
 
       args = (updates, state.mu, state.nu)

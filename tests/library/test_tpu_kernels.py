@@ -1,9 +1,10 @@
-"""The TPU kernel of FOAM's folded Adam, in Pallas's interpreter on CPU.
+"""FOAM's TPU kernels (folded Adam, folded Lion), in Pallas's interpreter on CPU.
 
-Its numerics against the float64 reference at the XLA path's tolerance
-(every bias-correction form, Nesterov, both second moments, levels 1-4,
-tail blocks, stacked leaves), the state it writes continuing on the XLA path,
-what it covers, and the traffic its grid implies.
+Their numerics against the float64 reference at the XLA path's tolerance
+(every bias-correction form, Nesterov, both second moments, Lion's modes,
+levels 1-4, tail blocks, stacked leaves), the state they write continuing on
+the XLA path, what they cover, the traffic their grid implies, and where
+they run on a mesh.
 """
 
 import jax
@@ -14,11 +15,14 @@ import pytest
 import reference
 from reference import LeafRule
 from reference import NumpyFoam
+from reference_folded import NumpyFoldedLion
 
 import foam_jax
 from foam_jax import FoldSpec
 from foam_jax._src import tpu_adam
 from foam_jax._src import tpu_dispatch
+from foam_jax._src import tpu_folded
+from foam_jax._src import tpu_lion
 
 # name: (shape, fold level or None for Adam, covered by the kernel).
 LEAVES = {
@@ -48,12 +52,12 @@ def _grads(rng, params):
           for k, s in SHAPES.items()}
 
 
-def _kernel_calls(tx, params, state):
+def _kernel_calls(tx, params, state, name=tpu_adam.KERNEL_NAME):
   jaxpr = jax.make_jaxpr(lambda g, s, p: tx.update(g, s, p))(params, state, params)
-  return str(jaxpr).count(f"name={tpu_adam.KERNEL_NAME}")
+  return str(jaxpr).count(f"name={name}")
 
 
-def _run(tx, ref, steps=6, seed=0):
+def _run(tx, ref, steps=6, seed=0, name=tpu_adam.KERNEL_NAME):
   rng = np.random.default_rng(seed)
   params = {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
   ref.init(params)
@@ -61,7 +65,7 @@ def _run(tx, ref, steps=6, seed=0):
   params = jax.tree.map(jnp.asarray, params)
   with tpu_dispatch.interpret():
     state = tx.init(params)
-    assert _kernel_calls(tx, params, state) == sum(c for _, _, c in LEAVES.values())
+    assert _kernel_calls(tx, params, state, name) == sum(c for _, _, c in LEAVES.values())
     step = jax.jit(lambda g, s, p: tx.update(g, s, p))
     for _ in range(steps):
       grads = _grads(rng, params)
@@ -99,6 +103,29 @@ def test_optax_moments_form_matches_the_reference_where_the_forms_coincide():
   tx = foam_jax.foam(hp["lr"], eps=0.0, weight_decay=0.0, alpha=0.5,
                      bias_correction="moments", fold_spec=fold_spec)
   _run(tx, NumpyFoam(RULES, **hp))
+
+
+def test_the_lion_kernel_matches_the_float64_reference():
+  hp = dict(lr=1e-2, b1=0.9, b2=0.99, wd=0.1, c=0.7)
+  tx = foam_jax.foam_lion(hp["lr"], b1=hp["b1"], b2=hp["b2"], weight_decay=hp["wd"],
+                          residual_scale=hp["c"], fold_spec=fold_spec)
+  _run(tx, NumpyFoldedLion(RULES, **hp), name=tpu_lion.KERNEL_NAME)
+
+
+@pytest.mark.parametrize("mode", ["hard", "smooth", "refined"])
+def test_the_lion_kernel_and_the_xla_path_agree(mode):
+  tx = foam_jax.scale_by_folded_lion(mode=mode, smooth_beta=3.0, fold_spec=fold_spec)
+  rng = np.random.default_rng(4)
+  params = {k: jnp.asarray(rng.standard_normal(s), jnp.float32) for k, s in SHAPES.items()}
+  state = tx.init(params)
+  for _ in range(3):
+    grads = jax.tree.map(jnp.asarray, _grads(rng, params))
+    u_xla, s_xla = jax.jit(tx.update)(grads, state)
+    with tpu_dispatch.interpret():
+      u, state = jax.jit(tx.update)(grads, state)
+    for k in SHAPES:
+      np.testing.assert_allclose(u[k], u_xla[k], rtol=1e-5, atol=1e-6, err_msg=k)
+      np.testing.assert_allclose(state.mu[k], s_xla.mu[k], rtol=1e-6, atol=1e-7, err_msg=k)
 
 
 @pytest.mark.parametrize("bias_correction", ["step_size", "moments", "folded_moments"])
@@ -181,21 +208,21 @@ def test_8_bit_moments_stay_on_the_xla_path():
     ((64, 128), 0, 2, "complex64", False),
 ])
 def test_what_the_kernel_covers(shape, axis, level, dtype, covered):
-  assert (tpu_adam.plan(shape, axis, level, dtype) is not None) == covered
+  assert (tpu_folded.plan(shape, axis, level, dtype) is not None) == covered
 
 
 @pytest.mark.parametrize("shape,level", [((4096, 11008), 2), ((4098, 11000), 3),
                                          ((3, 300, 640), 1), ((64, 128), 4)])
 def test_each_block_is_copied_once_and_the_traffic_is_the_operands(shape, level):
-  kplan = tpu_adam.plan(shape, len(shape) - 2, level, "bfloat16")
+  kplan = tpu_folded.plan(shape, len(shape) - 2, level, "bfloat16")
   grid = kplan.grid
-  for name, visits in tpu_adam.block_visits(kplan).items():
+  for name, visits in tpu_folded.block_visits(kplan).items():
     assert len(visits) == len(set(visits)) == int(np.prod(grid)), name
   rows = kplan.folded_rows
   folded = int(np.prod(shape[:-2])) * rows * shape[-1]
   # bf16 gradient in and u out; float32 moments in and out.
   expected = 2 * int(np.prod(shape)) * 2 + 2 * folded * (4 + 4)
-  assert tpu_adam.hbm_bytes(kplan, "bfloat16", "float32", "float32") == expected
+  assert tpu_folded.hbm_bytes(kplan, "bfloat16", "float32", "float32") == expected
 
 
 @pytest.mark.parametrize("axis_type", ["Explicit", "Auto"])
