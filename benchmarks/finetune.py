@@ -32,12 +32,15 @@ and ``finetune.md`` is written from it: per phase, mode and optimizer, the
 3-seed mean and spread at each learning rate and at the best.
 
 Run: ``python -m benchmarks.finetune`` (``--quick`` for a few steps of a
-one-layer model, as CI's test does).
+one-layer model, as CI's test does). Processes that share ``--out`` may
+split the runs by ``--seeds`` (each adds its runs to ``runs.json`` under a
+file lock).
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import time
@@ -169,6 +172,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--note", default="")
   parser.add_argument("--base-cache", default=None,
                       help="file to keep the base model in between resumed runs")
+  parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                      help="run only these seeds (processes that share --out may split the "
+                           "seeds between them)")
   args = parser.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
   path = os.path.join(args.out, "runs.json")
@@ -182,7 +188,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "model": "tiny" + (" (quick)" if args.quick else ""), "seq_len": seq_len,
                     "batch": 8, "lora_rank": LORA_RANK, "backend": jax.default_backend()}
   with jax.set_mesh(sharding.make_mesh({"fsdp": 1, "tp": 1})):  # The example's model.
-    _run_all(store, path, config, stdlib, shakespeare, args.quick, args.base_cache)
+    _run_all(store, path, config, stdlib, shakespeare, args.quick, args.base_cache, args.seeds)
+  store = _saved(path, store)
   with open(os.path.join(args.out, "finetune.md"), "w") as f:
     f.write(render(store))
   return store
@@ -210,13 +217,34 @@ def _base_model(store, config, stdlib, quick, cache: str | None):
   return state
 
 
-def _run_all(store, path, config, stdlib, shakespeare, quick, cache=None) -> None:
-  runs = plan(quick)
+def _saved(path: str, store: dict[str, Any], key: str | None = None,
+           result: dict[str, Any] | None = None) -> dict[str, Any]:
+  """``store`` with the runs other processes saved to ``path``, and ``result`` added and saved.
+
+  Holds an exclusive lock on ``path + ".lock"`` while it reads and writes, so
+  that processes sharing ``--out`` (each with its own ``--seeds``) keep every
+  run.
+  """
+  with open(path + ".lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if os.path.exists(path):
+      with open(path) as f:
+        store["runs"] = {**json.load(f)["runs"], **store["runs"]}
+    if key is not None:
+      store["runs"][key] = result
+      with open(path + ".tmp", "w") as f:
+        json.dump(store, f, indent=1)
+      os.replace(path + ".tmp", path)
+  return store
+
+
+def _run_all(store, path, config, stdlib, shakespeare, quick, cache=None, seeds=None) -> None:
+  runs = [r for r in plan(quick) if seeds is None or r["seed"] in seeds]
   commit = outputs.git_commit()
   base_state = _base_model(store, config, stdlib, quick, cache)
   for run in runs:
     key = run_key(run)
-    if key in store["runs"]:
+    if key in _saved(path, store)["runs"]:
       continue
     start = time.perf_counter()
     if run["phase"] == "pretrain":
@@ -233,11 +261,8 @@ def _run_all(store, path, config, stdlib, shakespeare, quick, cache=None) -> Non
       loss = _train(model, _finetune_tx(run["optimizer"], run["lr"], run["steps"], run["mode"]),
                     wrt,
                     shakespeare, run)
-    store["runs"][key] = {**run, "final_val_loss": loss,
-                          "wall_s": round(time.perf_counter() - start, 1), "commit": commit}
-    with open(path + ".tmp", "w") as f:
-      json.dump(store, f, indent=1)
-    os.replace(path + ".tmp", path)
+    _saved(path, store, key, {**run, "final_val_loss": loss,
+                              "wall_s": round(time.perf_counter() - start, 1), "commit": commit})
     print(key, round(loss, 4), flush=True)
 
 

@@ -37,3 +37,18 @@ def test_a_resumed_study_reads_its_base_model_from_the_cache(tmp_path):
   again = finetune.main(args)  # Reruns the one run from the cached base model.
   assert again["base"] == first["base"]
   assert again["runs"][key]["final_val_loss"] == first["runs"][key]["final_val_loss"]
+
+
+def test_processes_sharing_out_keep_each_others_runs(tmp_path):
+  path = tmp_path / "runs.json"
+  path.write_text(json.dumps({"runs": {"theirs": {"seed": 1}}}))
+  mine = {"runs": {"mine": {"seed": 0}}, "note": "n"}
+  finetune._saved(str(path), mine, "new", {"seed": 0})
+  saved = json.loads(path.read_text())
+  assert set(saved["runs"]) == {"theirs", "mine", "new"}
+  assert saved["note"] == "n"
+
+
+def test_seeds_selects_the_runs(tmp_path):
+  store = finetune.main(["--quick", "--out", str(tmp_path), "--seeds", "1"])
+  assert store["runs"] == {}  # The quick plan has seed 0 only.
