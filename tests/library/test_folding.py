@@ -14,6 +14,13 @@ from foam_jax._src import folding
 
 SETTINGS = hypothesis.settings(max_examples=30, deadline=None, derandomize=True)
 
+# The property tests call the functions jitted (axis, level and length
+# static), as the transforms do: one compile per drawn shape rather than one
+# per operation.
+fold = jax.jit(folding.fold, static_argnums=(1, 2))
+unfold = jax.jit(folding.unfold, static_argnums=(1, 2, 3))
+residual = jax.jit(folding.residual, static_argnums=(1, 2))
+
 
 @st.composite
 def array_axis_level(draw):
@@ -41,7 +48,7 @@ def _x64():
 @hypothesis.given(array_axis_level())
 def test_fold_matches_loop_reference_and_keeps_rank(case):
   x, axis, level = case
-  got = np.asarray(folding.fold(jnp.asarray(x), axis, level))
+  got = np.asarray(fold(jnp.asarray(x), axis, level))
   want = np_fold(x, axis, 2**level)
   assert got.ndim == x.ndim
   assert got.shape == folding.folded_shape(x.shape, axis, level)
@@ -54,9 +61,9 @@ def test_unfold_of_fold_plus_residual_is_identity(case):
   x, axis, level = case
   n = x.shape[axis]
   xj = jnp.asarray(x)
-  folded = folding.fold(xj, axis, level)
-  back = folding.unfold(folded, axis, level, n)
-  res = folding.residual(xj, axis, level)
+  folded = fold(xj, axis, level)
+  back = unfold(folded, axis, level, n)
+  res = residual(xj, axis, level)
   assert back.shape == x.shape and res.shape == x.shape
   np.testing.assert_allclose(np.asarray(back + res), x, rtol=1e-12, atol=1e-9)
   np.testing.assert_allclose(
@@ -69,7 +76,7 @@ def test_unfold_of_fold_plus_residual_is_identity(case):
 @hypothesis.given(array_axis_level())
 def test_residual_has_zero_mean_in_every_block(case):
   x, axis, level = case
-  res = np.asarray(folding.residual(jnp.asarray(x), axis, level))
+  res = np.asarray(residual(jnp.asarray(x), axis, level))
   block_means = np_fold(res, axis, 2**level)
   scale = max(1.0, float(np.abs(x).max(initial=0.0)))
   np.testing.assert_allclose(block_means, 0.0, atol=1e-12 * scale * 10)
@@ -80,7 +87,7 @@ def test_residual_has_zero_mean_in_every_block(case):
 def test_projection_is_idempotent(case):
   x, axis, level = case
   n = x.shape[axis]
-  project = lambda y: folding.unfold(folding.fold(y, axis, level), axis, level, n)
+  project = lambda y: unfold(fold(y, axis, level), axis, level, n)
   once = project(jnp.asarray(x))
   np.testing.assert_allclose(np.asarray(project(once)), np.asarray(once),
                              rtol=1e-12, atol=1e-9)
