@@ -42,7 +42,8 @@ def test_shifted_block_sums_are_each_entrys_block_sum(k, n):
   x = rng.standard_normal((n, 5)).astype(np.float32)
   padded = np.concatenate([x, np.zeros((-n % k, 5), np.float32)]).astype(np.float64)
   expected = np.repeat(padded.reshape(-1, k, 5).sum(axis=1, keepdims=True), k, axis=1)
-  got = folding.shifted_block_sums(folding.to_blocks(jnp.asarray(x), 0, level), 0)
+  got = jax.jit(lambda x: folding.shifted_block_sums(folding.to_blocks(x, 0, level), 0))(
+      jnp.asarray(x))
   np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-6, atol=1e-6)
 
 
