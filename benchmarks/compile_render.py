@@ -101,11 +101,13 @@ def render_updates(data: dict[str, Any]) -> str:
       "one kernel, and an XLA GPU kernel has one loop shape (the weight's is four "
       "times the moments').",
       "",
-      "On TPU, FOAM's folded leaves (float moments, fold axis -2) take a Pallas "
-      "kernel (`foam_jax/_src/tpu_adam.py`) that reads the gradient and the folded "
+      "On TPU, the folded leaves (float moments, fold axis -2) of `foam` and "
+      "`foam_lion` take a Pallas kernel (`foam_jax/_src/tpu_folded.py`, "
+      "`tpu_adam.py`, `tpu_lion.py`) that reads the gradient and the folded "
       "moments and writes the moments and the update once each; "
       "`optax.apply_updates` then reads the update and the weight and writes the "
-      "weight: 6 weight-sizes at level 2 with bf16 moments. libtpu's cost analysis "
+      "weight: 6 weight-sizes at level 2 for Adam's two moments (5.5 for Lion's "
+      "one), less where the compiler keeps the update in VMEM. libtpu's cost analysis "
       "counts a kernel as moving nothing, so each cell adds the kernel's operands "
       "and outputs in HBM (its grid copies each block once: "
       "`deviceless.pallas_kernel_bytes`), shown as `Pallas` in the per-leaf tables: "

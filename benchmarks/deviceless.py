@@ -155,7 +155,7 @@ def pallas_kernel_bytes(hlo_text: str) -> int:
 
   libtpu's cost analysis counts a Mosaic kernel (``tpu_custom_call``) as
   moving nothing. A kernel whose grid copies each block of each operand and
-  output once (``foam_jax._src.tpu_adam.block_visits``) moves exactly its
+  output once (``foam_jax._src.tpu_folded.block_visits``) moves exactly its
   operands in and its outputs out, which this sums from the optimized HLO,
   leaving out those the compiler placed in VMEM (memory space ``S(1)``):
   the copies that move them are in the compiler's own count.
