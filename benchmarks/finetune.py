@@ -244,7 +244,8 @@ def _run_all(store, path, config, stdlib, shakespeare, quick, cache=None, seeds=
   base_state = _base_model(store, config, stdlib, quick, cache)
   for run in runs:
     key = run_key(run)
-    if key in _saved(path, store)["runs"]:
+    # Another process sharing --out may have run it since the last read.
+    if key in store["runs"] or key in _saved(path, store)["runs"]:
       continue
     start = time.perf_counter()
     if run["phase"] == "pretrain":

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 from typing import Literal
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from foam_jax._src import folded_moments
@@ -117,12 +117,7 @@ def scale_by_folded_lion(
   b1, b2, residual_scale = map(_validation.real_part, (b1, b2, residual_scale))
   mu_dtype = _validation.storage_dtype("mu_dtype", mu_dtype)
 
-  def squash(x):
-    if mode == "hard":
-      return jnp.sign(x)
-    if mode == "smooth":
-      return jnp.tanh(smooth_beta * x)
-    return jnp.where(jnp.abs(x) < 1.0, x, jnp.sign(x))
+  squash = functools.partial(tpu_lion.squash, mode=mode, smooth_beta=smooth_beta)
 
   def init_fn(params):
     params = _validation.as_arrays(params)
@@ -158,33 +153,13 @@ def scale_by_folded_lion(
 
       return folded_moments.leaf_map(leaf_update, specs, leaves, updates), mu
 
-    levels = tpu_dispatch.covered_levels(updates, state.mu)
-    if levels is None:
-      updates, mu = xla_update(updates, state.mu)
-    else:
-      # On TPU the leaves tpu_folded.plan covers take the kernel (chosen when
-      # the program is lowered); the rest, and every other platform, XLA's.
-      coefs = tpu_lion.coefficients(b1=b1, b2=b2, residual_scale=residual_scale,
-                                    smooth_beta=smooth_beta)
-
-      def xla_leaf(g, mu):
-        u, mu = xla_update({"x": g}, {"x": mu}, specs={"x": None})
-        return u["x"], mu["x"]
-
-      def tpu_update(*args, interpret=False):
-        def kernel(g, mu, level):
-          def local(coefs, g, mu):
-            return tpu_lion.folded_lion(g, mu, coefs, level=level, mode=mode,
-                                        interpret=interpret)
-          return tpu_dispatch.per_shard(local, g, (mu,), coefs, level=level,
-                                        fallback=xla_leaf)
-        return tpu_dispatch.split_update(xla_update, kernel, levels, *args)
-
-      args = (updates, state.mu)
-      if tpu_dispatch.interpreting():
-        updates, mu = tpu_update(*args, interpret=True)
-      else:
-        updates, mu = jax.lax.platform_dependent(*args, tpu=tpu_update, default=xla_update)
+    # On TPU the leaves tpu_folded.plan covers take the kernel; the rest, and
+    # every other platform, XLA's.
+    updates, mu = tpu_dispatch.folded_update(
+        xla_update, functools.partial(tpu_lion.folded_lion, mode=mode),
+        lambda: tpu_lion.coefficients(b1=b1, b2=b2, residual_scale=residual_scale,
+                                      smooth_beta=smooth_beta),
+        updates, state.mu)
     return updates, ScaleByFoldedLionState(count=count, mu=mu,
                                            param_shapes=state.param_shapes)
 

@@ -30,7 +30,7 @@ from foam_jax._src import tpu_folded
 __all__ = ["coefficients", "folded_adam", "KERNEL_NAME"]
 
 KERNEL_NAME = "foam_folded_adam"
-_COEFFICIENTS = ("b1", "b2", "am", "bm", "cm", "av", "cv", "su", "vf", "eps")
+_COEFFICIENTS = ("b1", "b2", "1-b1", "1-b2", "am", "bm", "cm", "av", "cv", "su", "vf", "eps")
 
 
 def coefficients(form: str, nesterov: bool, count: jax.Array, *, b1: Any, b2: Any,
@@ -53,9 +53,12 @@ def coefficients(form: str, nesterov: bool, count: jax.Array, *, b1: Any, b2: An
   :math:`g = U F g + R`.
 
   Returns:
-    float32 ``[b1, b2, am, bm, cm, av, cv, su, vf, eps]``.
+    float32 ``[b1, b2, 1 - b1, 1 - b2, am, bm, cm, av, cv, su, vf, eps]``;
+    ``1 - b`` is taken before the rounding to float32, as the XLA path's
+    moment update takes it.
   """
   f32 = jnp.float32
+  decays = [jnp.asarray(1.0 - b, f32) for b in (b1, b2)]
   b1, b2, eps, eps_root, alpha, c = (jnp.asarray(x, f32) for x in (
       b1, b2, eps, eps_root, alpha, residual_scale))
   t = count.astype(f32)
@@ -80,24 +83,24 @@ def coefficients(form: str, nesterov: bool, count: jax.Array, *, b1: Any, b2: An
     av, cv, su, vf = 1.0 / (1.0 - b2**t), c * c, alpha, eps_root
   else:
     raise ValueError(f"form must be step_size, moments or folded_moments, got {form!r}.")
-  return jnp.stack([b1, b2, am, bm, cm, av, cv, su, vf, eps])
+  return jnp.stack([b1, b2, *decays, am, bm, cm, av, cv, su, vf, eps])
 
 
 def _moments(mean_of_squares: bool):
   def moments(coef, parts, mean, inverse, olds):
-    b1, b2 = coef[0], coef[1]
+    b1, b2, one_minus_b1, one_minus_b2 = (coef[i] for i in range(4))
     if mean_of_squares:
       target = sum((p * p for p in parts[1:]), parts[0] * parts[0]) * inverse
     else:
       target = mean * mean
     mu, nu = olds
-    return b1 * mu + (1.0 - b1) * mean, b2 * nu + (1.0 - b2) * target
+    return b1 * mu + one_minus_b1 * mean, b2 * nu + one_minus_b2 * target
   return moments
 
 
 def _update(coef, part, mean, olds, news):
   del olds
-  _, _, am, bm, cm, av, cv, su, vf, eps = (coef[i] for i in range(len(_COEFFICIENTS)))
+  am, bm, cm, av, cv, su, vf, eps = (coef[i] for i in range(4, len(_COEFFICIENTS)))
   mu, nu = news
   res = part - mean
   return su * (am * mu + bm * mean + cm * res) / (jnp.sqrt(av * nu + vf + cv * res * res) + eps)

@@ -1,10 +1,11 @@
 r"""Where FOAM's TPU kernels run: which leaves, which shards, which platform.
 
 :func:`foam_jax.scale_by_foam` and :func:`foam_jax.scale_by_folded_lion`
-hand the leaves that :func:`~foam_jax._src.tpu_folded.plan` covers (float
-moments, a fold along axis -2) to :func:`split_update`, which they choose on
-TPU when the program is lowered (``jax.lax.platform_dependent``); every other
-leaf, and every other platform, takes the XLA path. :func:`per_shard` runs a
+give their XLA path and their kernel to :func:`folded_update`: on TPU (chosen
+when the program is lowered, ``jax.lax.platform_dependent``) the leaves that
+:func:`~foam_jax._src.tpu_folded.plan` covers (float moments, a fold along
+axis -2) take the kernel (:func:`split_update`); every other leaf, and every
+other platform, takes the XLA path. :func:`per_shard` runs a
 kernel where it needs no communication: on one device, or per shard where
 the sharding is in the types (Explicit mesh axes).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +27,8 @@ from foam_jax._src import moment
 from foam_jax._src import quantized_state
 from foam_jax._src.tpu_folded import plan
 
-__all__ = ["per_shard", "covered_levels", "split_update", "interpret", "interpreting"]
+__all__ = ["folded_update", "per_shard", "covered_levels", "split_update", "interpret",
+           "interpreting"]
 
 
 def _mesh_names(entry: Any) -> tuple[str, ...]:
@@ -114,7 +117,9 @@ def interpret() -> Iterator[None]:
 
   In Pallas's interpreter, for the leaves :func:`plan` covers: how the
   tests check the TPU path's numerics on CPU. Read when ``update`` is
-  traced.
+  traced; entering and leaving clear JAX's caches (``jax.clear_caches``), so
+  that a function jitted on either side traces again rather than reusing
+  the other path's program.
 
   Examples:
     >>> import jax.numpy as jnp, foam_jax
@@ -123,11 +128,13 @@ def interpret() -> Iterator[None]:
     >>> with interpret():
     ...   u, _ = tx.update(params, tx.init(params))
   """
+  jax.clear_caches()
   _INTERPRET.append(True)
   try:
     yield
   finally:
     _INTERPRET.pop()
+    jax.clear_caches()
 
 
 def interpreting() -> bool:
@@ -203,3 +210,52 @@ def split_update(xla_update, kernel, levels: list[int], grads: Any, *stored: Any
       for (leaves, _), new in zip(flat_outs, news):
         leaves[i] = new
   return tuple(treedef.unflatten(leaves) for leaves, treedef in flat_outs)
+
+
+def folded_update(xla_update: Callable[..., tuple], kernel: Callable[..., tuple],
+                  coefficients: Callable[[], jax.Array], updates: Any, *stored: Any) -> tuple:
+  """A folded optimizer's update: its XLA path, and on TPU its kernel where one covers a leaf.
+
+  The kernel is chosen when the program is lowered
+  (``jax.lax.platform_dependent``) for the leaves :func:`covered_levels`
+  finds; on every other platform, for every other leaf, and where a
+  sharding keeps a kernel from running per shard (:func:`per_shard`), the
+  XLA path runs.
+
+  Args:
+    xla_update: ``(updates, *stored, specs=...) -> (updates, *new)``, the
+      XLA path over a tree (``specs`` defaulting to the transform's).
+    kernel: ``(g, *stored, coefs, *, level, interpret) -> (u, *new)``, the
+      kernel on one leaf.
+    coefficients: ``() -> coefs``, the kernel's scalars (made only where a
+      leaf is covered).
+    updates: the gradients.
+    stored: the stored folded moments (trees like the gradients).
+
+  Returns:
+    ``(updates, *new)`` as ``xla_update`` returns them.
+  """
+  levels = covered_levels(updates, *stored)
+  if levels is None:
+    return xla_update(updates, *stored)
+  coefs = coefficients()
+
+  def xla_leaf(g, *moments):  # One leaf alone; its fold is read from its state.
+    outs = xla_update({"x": g}, *({"x": m} for m in moments), specs={"x": None})
+    return tuple(out["x"] for out in outs)
+
+  def tpu_update(*args, interpret=False):
+    def leaf_kernel(g, *moments_and_level):
+      *moments, level = moments_and_level
+
+      def local(coefs, g, *moments):
+        return kernel(g, *moments, coefs, level=level, interpret=interpret)
+
+      return per_shard(local, g, tuple(moments), coefs, level=level, fallback=xla_leaf)
+
+    return split_update(xla_update, leaf_kernel, levels, *args)
+
+  args = (updates, *stored)
+  if interpreting():
+    return tpu_update(*args, interpret=True)
+  return jax.lax.platform_dependent(*args, tpu=tpu_update, default=xla_update)

@@ -241,5 +241,3 @@ def hbm_bytes(kplan: KernelPlan, g_dtype: Any, *moment_dtypes: Any) -> int:
                for ix in visits["moments"])
   size = lambda dt: jnp.dtype(dt).itemsize  # noqa: E731
   return 2 * grad * size(g_dtype) + 2 * folded * sum(size(dt) for dt in moment_dtypes)
-
-

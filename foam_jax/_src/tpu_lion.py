@@ -23,22 +23,25 @@ import jax.numpy as jnp
 
 from foam_jax._src import tpu_folded
 
-__all__ = ["coefficients", "folded_lion", "KERNEL_NAME"]
+__all__ = ["coefficients", "folded_lion", "squash", "KERNEL_NAME"]
 
 KERNEL_NAME = "foam_folded_lion"
 
 
 def coefficients(*, b1: Any, b2: Any, residual_scale: Any, smooth_beta: Any) -> jax.Array:
-  """float32 ``[b1, b2, c, smooth_beta]`` for the kernel."""
+  """float32 ``[b1, b2, 1 - b1, 1 - b2, c, smooth_beta]`` for the kernel.
+
+  ``1 - b`` is taken before the rounding to float32, as the XLA path takes it.
+  """
   return jnp.stack([jnp.asarray(x, jnp.float32)
-                    for x in (b1, b2, residual_scale, smooth_beta)])
+                    for x in (b1, b2, 1.0 - b1, 1.0 - b2, residual_scale, smooth_beta)])
 
 
 def _moments(coef, parts, mean, inverse, olds):
   del parts, inverse
-  b2 = coef[1]
+  b2, one_minus_b2 = coef[1], coef[3]
   (mu,) = olds
-  return ((1.0 - b2) * mean + b2 * mu,)
+  return (one_minus_b2 * mean + b2 * mu,)
 
 
 def _sign(x: jax.Array) -> jax.Array:
@@ -50,17 +53,26 @@ def _sign(x: jax.Array) -> jax.Array:
   return jnp.where(x > 0, 1.0, jnp.where(x < 0, -1.0, x * 0.0))
 
 
+def squash(x: jax.Array, mode: str, smooth_beta: Any, sign=jnp.sign) -> jax.Array:
+  """Lion's sign (``mode="hard"``), ``tanh(smooth_beta * x)`` or the refined form.
+
+  The one definition of :func:`foam_jax.scale_by_folded_lion`'s ``mode``,
+  for the XLA path and the kernel (which passes a ``sign`` Mosaic lowers).
+  """
+  if mode == "hard":
+    return sign(x)
+  if mode == "smooth":
+    return jnp.tanh(smooth_beta * x)
+  return jnp.where(jnp.abs(x) < 1.0, x, sign(x))
+
+
 def _update(mode: str):
   def update(coef, part, mean, olds, news):
     del news
-    b1, c, beta = coef[0], coef[2], coef[3]
+    b1, one_minus_b1, c, beta = coef[0], coef[2], coef[4], coef[5]
     (mu,) = olds
-    x = (1.0 - b1) * part + b1 * (mu + c * (part - mean))
-    if mode == "hard":
-      return _sign(x)
-    if mode == "smooth":
-      return jnp.tanh(beta * x)
-    return jnp.where(jnp.abs(x) < 1.0, x, _sign(x))
+    x = one_minus_b1 * part + b1 * (mu + c * (part - mean))
+    return squash(x, mode, beta, sign=_sign)
   return update
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 from typing import Literal
 from typing import NamedTuple
@@ -327,36 +328,16 @@ def scale_by_foam(
           m_hat, v_hat, scale, updates)
       return updates, mu, nu
 
-    levels = tpu_dispatch.covered_levels(updates, state.mu, state.nu)
-    if levels is None:
-      updates, mu, nu = xla_update(updates, state.mu, state.nu)
-    else:
-      # On TPU the leaves tpu_folded.plan covers take the kernel (chosen when
-      # the program is lowered); the rest, and every other platform, XLA's.
-      coefs = tpu_adam.coefficients(
-          bias_correction, nesterov, count, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
-          alpha=alpha, residual_scale=residual_scale)
-
-      def xla_leaf(g, mu, nu):
-        # One leaf alone; its fold is read from its state (moment.geometry).
-        u, mu, nu = xla_update({"x": g}, {"x": mu}, {"x": nu}, specs={"x": None})
-        return u["x"], mu["x"], nu["x"]
-
-      def tpu_update(*args, interpret=False):
-        def kernel(g, mu, nu, level):
-          def local(coefs, g, mu, nu):
-            return tpu_adam.folded_adam(
-                g, mu, nu, coefs, level=level, interpret=interpret,
-                mean_of_squares=second_moment == "mean_of_squares")
-          return tpu_dispatch.per_shard(local, g, (mu, nu), coefs, level=level,
-                                        fallback=xla_leaf)
-        return tpu_dispatch.split_update(xla_update, kernel, levels, *args)
-
-      args = (updates, state.mu, state.nu)
-      if tpu_dispatch.interpreting():
-        updates, mu, nu = tpu_update(*args, interpret=True)
-      else:
-        updates, mu, nu = jax.lax.platform_dependent(*args, tpu=tpu_update, default=xla_update)
+    # On TPU the leaves tpu_folded.plan covers take the kernel; the rest, and
+    # every other platform, XLA's.
+    updates, mu, nu = tpu_dispatch.folded_update(
+        xla_update,
+        functools.partial(tpu_adam.folded_adam,
+                          mean_of_squares=second_moment == "mean_of_squares"),
+        lambda: tpu_adam.coefficients(
+            bias_correction, nesterov, count, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+            alpha=alpha, residual_scale=residual_scale),
+        updates, state.mu, state.nu)
     return updates, ScaleByFoamState(count=count, mu=mu, nu=nu, param_shapes=state.param_shapes)
 
   return optax.GradientTransformation(init_fn, update_fn)
