@@ -130,10 +130,11 @@ def _against_reference(tx, ref, params, shapes, rng, test, steps=3):
   ref.init(params)
   jparams = jax.tree.map(jnp.asarray, params)
   state = tx.init(jparams)
+  update = jax.jit(tx.update)
   CASES[test] += 1
   for _ in range(steps):
     grads = _draws(rng, shapes)
-    updates, state = tx.update(jax.tree.map(jnp.asarray, grads), state, jparams)
+    updates, state = update(jax.tree.map(jnp.asarray, grads), state, jparams)
     new = ref.step(params, grads)
     for k in shapes:
       yield k, np.asarray(updates[k], np.float64), new[k] - np.asarray(params[k], np.float64)
@@ -247,6 +248,7 @@ def test_a_bad_entry_costs_no_more_than_its_fold_block(shape, level, fault, wher
   CASES["faults, " + ("int8" if storage else "float")] += 1
   params = {"w": jnp.zeros(shape)}
   s, s_ref = tx.init(params), ref.init(params)
+  step_ours, step_ref = jax.jit(tx.update), jax.jit(ref.update)
   index = tuple(int(rng.integers(0, n)) for n in shape)
   bad_blocks = np.zeros(shape, bool)
   for t in range(4):
@@ -259,8 +261,8 @@ def test_a_bad_entry_costs_no_more_than_its_fold_block(shape, level, fault, wher
       start = (index[a] // k) * k
       sl[a] = slice(start, start + k)
       bad_blocks[tuple(sl)] = True
-    u, s = tx.update({"w": jnp.asarray(g)}, s, params)
-    u_ref, s_ref = ref.update({"w": jnp.asarray(g)}, s_ref, params)
+    u, s = step_ours({"w": jnp.asarray(g)}, s, params)
+    u_ref, s_ref = step_ref({"w": jnp.asarray(g)}, s_ref, params)
     u = np.asarray(u["w"])
     if np.isfinite(fault):
       assert np.all(np.isfinite(u)), (t, fault)
@@ -290,6 +292,7 @@ def test_int8_moments_stay_within_the_float_paths_bound(tree, seed, moments, fau
   txs = [foam_jax.foam(lr, weight_decay=0.0, fold_spec=specs, **kw) for kw in ({}, int8)]
   params = {k: jnp.zeros(s) for k, s in shapes.items()}
   states = [tx.init(params) for tx in txs]
+  steps = [jax.jit(tx.update) for tx in txs]
   CASES["int8 against float"] += 1
   for t in range(3):
     grads = _draws(rng, shapes)
@@ -297,8 +300,8 @@ def test_int8_moments_stay_within_the_float_paths_bound(tree, seed, moments, fau
       for g in grads.values():
         if g.size:
           g.flat[int(rng.integers(0, g.size))] = fault
-    outs = [tx.update(jax.tree.map(jnp.asarray, grads), s, params)
-            for tx, s in zip(txs, states)]
+    outs = [step(jax.tree.map(jnp.asarray, grads), s, params)
+            for step, s in zip(steps, states)]
     states = [s for _, s in outs]
     for k in shapes:
       f, q = np.asarray(outs[0][0][k]), np.asarray(outs[1][0][k])

@@ -114,18 +114,25 @@ def test_the_lion_kernel_matches_the_float64_reference():
 
 @pytest.mark.parametrize("mode", ["hard", "smooth", "refined"])
 def test_the_lion_kernel_and_the_xla_path_agree(mode):
+  """Three kernel steps; the XLA path from each step's input state agrees."""
   tx = foam_jax.scale_by_folded_lion(mode=mode, smooth_beta=3.0, fold_spec=fold_spec)
   rng = np.random.default_rng(4)
   params = {k: jnp.asarray(rng.standard_normal(s), jnp.float32) for k, s in SHAPES.items()}
-  state = tx.init(params)
-  for _ in range(3):
-    grads = jax.tree.map(jnp.asarray, _grads(rng, params))
-    u_xla, s_xla = jax.jit(tx.update)(grads, state)
-    with tpu_dispatch.interpret():
-      u, state = jax.jit(tx.update)(grads, state)
+  states, outputs = [tx.init(params)], []
+  # One interpreter block (entering and leaving it clears JAX's caches): one trace per path.
+  with tpu_dispatch.interpret():
+    kernel_update = jax.jit(tx.update)
+    for _ in range(3):
+      grads = jax.tree.map(jnp.asarray, _grads(rng, params))
+      outputs.append((grads, *kernel_update(grads, states[-1])))
+      states.append(outputs[-1][2])
+  xla_update = jax.jit(tx.update)
+  for state, (grads, u, new_state) in zip(states, outputs):
+    u_xla, s_xla = xla_update(grads, state)
     for k in SHAPES:
       np.testing.assert_allclose(u[k], u_xla[k], rtol=1e-5, atol=1e-6, err_msg=k)
-      np.testing.assert_allclose(state.mu[k], s_xla.mu[k], rtol=1e-6, atol=1e-7, err_msg=k)
+      np.testing.assert_allclose(new_state.mu[k], s_xla.mu[k], rtol=1e-6, atol=1e-7,
+                                 err_msg=k)
 
 
 @pytest.mark.parametrize("bias_correction", ["step_size", "moments", "folded_moments"])
@@ -137,20 +144,23 @@ def test_the_kernel_and_the_xla_path_agree_and_share_the_state(bias_correction):
   params = {k: jnp.asarray(rng.standard_normal(s), jnp.float32) for k, s in SHAPES.items()}
   grads = [jax.tree.map(jnp.asarray, _grads(rng, params)) for _ in range(6)]
 
-  def run(kernel_steps):
-    p, s = params, tx.init(params)
-    for i, g in enumerate(grads):
-      if i in kernel_steps:
-        with tpu_dispatch.interpret():
-          u, s = jax.jit(tx.update)(g, s, p)
-      else:
-        u, s = jax.jit(tx.update)(g, s, p)
+  def steps(update, p, s, gs):
+    for g in gs:
+      u, s = update(g, s, p)
       p = optax.apply_updates(p, u)
     return p, s
 
-  xla_p, xla_s = run(())
-  for kernel_steps in ((0, 1, 2), (3, 4, 5)):
-    p, s = run(kernel_steps)
+  xla_update = jax.jit(tx.update)
+  xla_half_p, xla_half_s = steps(xla_update, params, tx.init(params), grads[:3])
+  xla_p, xla_s = steps(xla_update, xla_half_p, xla_half_s, grads[3:])
+  # The kernel's steps in one interpreter block (entering and leaving it clears
+  # JAX's caches): the first three of one run, the last three of the other.
+  with tpu_dispatch.interpret():
+    kernel_update = jax.jit(tx.update)
+    kernel_first = steps(kernel_update, params, tx.init(params), grads[:3])
+    kernel_last = steps(kernel_update, xla_half_p, xla_half_s, grads[3:])
+  kernel_then_xla = steps(jax.jit(tx.update), *kernel_first, grads[3:])
+  for p, s in (kernel_then_xla, kernel_last):
     assert jax.tree.structure(s) == jax.tree.structure(xla_s)
     for a, b in zip(jax.tree.leaves(s), jax.tree.leaves(xla_s)):
       assert a.shape == b.shape and a.dtype == b.dtype
