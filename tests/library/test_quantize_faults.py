@@ -11,6 +11,8 @@ the float path's ``max |u|`` plus 1e-3 of the learning rate, and loses
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,14 +30,22 @@ INT8 = {"mu": {"mu_dtype": jnp.int8}, "nu": {"nu_dtype": jnp.int8},
         "both": {"nu_dtype": jnp.int8, "mu_dtype": jnp.int8}}
 
 
+@functools.cache
+def _optimizer(factory, **kwargs):
+  """``factory(LR, weight_decay=0.0, **kwargs)`` and its jitted update, built
+  once per module: the tests that share an optimizer share its compilations."""
+  tx = factory(LR, weight_decay=0.0, **kwargs)
+  return tx, jax.jit(tx.update)
+
+
 def _run_side_by_side(make, params, bad, steps=6, seed=0):
   """Float and int8 optimizers on the same gradients; ``bad`` set at entry 0 of step 0.
 
-  Yields, per step and leaf, the float and int8 updates as NumPy arrays.
+  ``make(int8)`` gives an optimizer and its jitted update. Yields, per step
+  and leaf, the float and int8 updates as NumPy arrays.
   """
-  txs = [make(False), make(True)]
+  txs, update = zip(*(make(False), make(True)))
   states = [tx.init(params) for tx in txs]
-  update = [jax.jit(tx.update) for tx in txs]
   rng = np.random.default_rng(seed)
   for t in range(steps):
     grads = {k: jnp.asarray(rng.standard_normal(v.shape), v.dtype) for k, v in params.items()}
@@ -69,7 +79,7 @@ def test_one_huge_gradient_entry_costs_no_more_than_with_float_moments(level, mo
   too and no other, and nothing else grows (they grew to ~5e16, then to 1e6
   times the lr: a saturated block scale)."""
   def make(int8):
-    return foam_jax.foam(LR, weight_decay=0.0, fold_level=level, **(INT8[moments] if int8 else {}))
+    return _optimizer(foam_jax.foam, fold_level=level, **(INT8[moments] if int8 else {}))
 
   for t, k, float_u, int8_u in _run_side_by_side(make, PARAMS, huge):
     _assert_no_worse(t, k, float_u, int8_u)
@@ -83,8 +93,8 @@ def test_the_block_of_a_huge_entry_keeps_its_int8_momentum(level, second_moment)
   path's over many steps (a first moment's code spans 16 binades below its
   block's scale: a scale raised to the huge entry dropped them to zero)."""
   def make(int8):
-    return foam_jax.foam(LR, weight_decay=0.0, fold_level=level, second_moment=second_moment,
-                         **({"mu_dtype": jnp.int8} if int8 else {}))
+    return _optimizer(foam_jax.foam, fold_level=level, second_moment=second_moment,
+                      **({"mu_dtype": jnp.int8} if int8 else {}))
 
   params = {"w": jnp.zeros((8, 64))}
   for t, k, float_u, int8_u in _run_side_by_side(make, params, 3e38, steps=12):
@@ -102,7 +112,7 @@ def test_a_nan_or_inf_entry_loses_only_what_float_moments_lose(level, moments, b
   """A NaN spread to 4, then 24 of 96 entries of a (16, 6) leaf (the block's
   scale became NaN); float moments lose the entry's fold block."""
   def make(int8):
-    return foam_jax.foam(LR, weight_decay=0.0, fold_level=level, **(INT8[moments] if int8 else {}))
+    return _optimizer(foam_jax.foam, fold_level=level, **(INT8[moments] if int8 else {}))
 
   params = {"w": jnp.zeros((16, 6)), "b": jnp.zeros((6,))}
   for t, k, float_u, int8_u in _run_side_by_side(make, params, bad):
@@ -114,8 +124,8 @@ def test_a_nan_or_inf_entry_loses_only_what_float_moments_lose(level, moments, b
 @pytest.mark.parametrize("level", [0, 2])
 def test_folded_lion_int8_momentum_loses_only_what_float_loses(level, bad):
   def make(int8):
-    return foam_jax.foam_lion(LR, weight_decay=0.0, fold_level=level,
-                              mu_dtype=jnp.int8 if int8 else None)
+    return _optimizer(foam_jax.foam_lion, fold_level=level,
+                      mu_dtype=jnp.int8 if int8 else None)
 
   for t, k, float_u, int8_u in _run_side_by_side(make, PARAMS, bad):
     np.testing.assert_array_equal(np.isfinite(int8_u), np.isfinite(float_u))
@@ -189,8 +199,8 @@ def test_float16_params_store_bfloat16_moments_within_the_bound(level, huge):
       jnp.dtype(jnp.bfloat16)}
 
   def make(bf16):
-    return foam_jax.foam(LR, weight_decay=0.0, fold_level=level,
-                         **({} if bf16 else {"mu_dtype": jnp.float32, "nu_dtype": jnp.float32}))
+    return _optimizer(foam_jax.foam, fold_level=level,
+                      **({} if bf16 else {"mu_dtype": jnp.float32, "nu_dtype": jnp.float32}))
 
   for t, k, float_u, low_u in _run_side_by_side(make, params, huge):
     assert low_u.dtype == np.float16
