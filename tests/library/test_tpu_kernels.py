@@ -118,16 +118,17 @@ def test_the_lion_kernel_and_the_xla_path_agree(mode):
   tx = foam_jax.scale_by_folded_lion(mode=mode, smooth_beta=3.0, fold_spec=fold_spec)
   rng = np.random.default_rng(4)
   params = {k: jnp.asarray(rng.standard_normal(s), jnp.float32) for k, s in SHAPES.items()}
-  states, outputs = [tx.init(params)], []
+  state, kernel_steps = tx.init(params), []
   # One interpreter block (entering and leaving it clears JAX's caches): one trace per path.
   with tpu_dispatch.interpret():
     kernel_update = jax.jit(tx.update)
     for _ in range(3):
       grads = jax.tree.map(jnp.asarray, _grads(rng, params))
-      outputs.append((grads, *kernel_update(grads, states[-1])))
-      states.append(outputs[-1][2])
+      u, new_state = kernel_update(grads, state)
+      kernel_steps.append((state, grads, u, new_state))
+      state = new_state
   xla_update = jax.jit(tx.update)
-  for state, (grads, u, new_state) in zip(states, outputs):
+  for state, grads, u, new_state in kernel_steps:
     u_xla, s_xla = xla_update(grads, state)
     for k in SHAPES:
       np.testing.assert_allclose(u[k], u_xla[k], rtol=1e-5, atol=1e-6, err_msg=k)
@@ -159,7 +160,7 @@ def test_the_kernel_and_the_xla_path_agree_and_share_the_state(bias_correction):
     kernel_update = jax.jit(tx.update)
     kernel_first = steps(kernel_update, params, tx.init(params), grads[:3])
     kernel_last = steps(kernel_update, xla_half_p, xla_half_s, grads[3:])
-  kernel_then_xla = steps(jax.jit(tx.update), *kernel_first, grads[3:])
+  kernel_then_xla = steps(xla_update, *kernel_first, grads[3:])
   for p, s in (kernel_then_xla, kernel_last):
     assert jax.tree.structure(s) == jax.tree.structure(xla_s)
     for a, b in zip(jax.tree.leaves(s), jax.tree.leaves(xla_s)):
