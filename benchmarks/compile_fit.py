@@ -10,8 +10,11 @@ LLaMA-7B's width (hidden 4096, MLP 11008, 32 heads, vocabulary 32000, the
 preset's remat) with bf16 weights at 2 and 4 layers, reads the compiled peak
 per chip (``memory_analysis()``: arguments + outputs - aliased +
 temporaries), takes the peak as affine in the depth, and solves for the
-most layers whose peak is at most 0.9 of the chip's memory; one more
-compile at that depth checks it.
+most layers whose peak is at most 0.9 of the chip's memory. On one chip,
+AdamW's and FOAM's depths are checked by compiling them; a check over the
+budget (the peak grew faster than affinely) is solved again on the secant
+through 4 layers and the check, and checked again, up to ``CHECKS`` compiles.
+Each compile records the commit it ran on.
 
 The batch is 4 sequences of 2048 tokens per data-parallel shard (global
 ``4 * fsdp``). Results go to ``benchmarks/results/compile/fit.json`` after
@@ -46,6 +49,7 @@ from jax.sharding import AxisType  # noqa: E402
 from benchmarks import compile_report  # noqa: E402
 from benchmarks import grid  # noqa: E402
 from examples.llama import configs  # noqa: E402
+from examples.llama import outputs  # noqa: E402
 from examples.llama import sharding  # noqa: E402
 from examples.llama import state as state_lib  # noqa: E402
 from examples.llama import steps  # noqa: E402
@@ -62,6 +66,7 @@ PRESET_LAYERS = 32  # LLaMA-7B's depth.
 # The solved depths checked by a full compile (minutes each, unrolled): one
 # chip, AdamW and FOAM; the other rows are affine only, and say so.
 CHECKED = {("1 chip", "adamw"), ("1 chip", "foam")}
+CHECKS = 3  # Compiles at most per checked row (the first solve, then secants).
 
 
 def mesh_for(chip: str, sizes: dict[str, int]) -> jax.sharding.Mesh:
@@ -91,16 +96,47 @@ def compiled_peak(chip: str, layout: str, optimizer: str, layers: int) -> dict[s
   return {"peak_bytes": counts["peak_bytes"], "temp_bytes": counts["temp_bytes"],
           "argument_bytes": counts["argument_bytes"], "collectives": counts["collectives"],
           "compile_s": round(time.perf_counter() - start, 1), "batch": batch,
-          "seq_len": SEQ_LEN}
+          "seq_len": SEQ_LEN, "commit": outputs.git_commit()}
 
 
-def solve(p2: dict[str, Any], p4: dict[str, Any], memory: int) -> dict[str, Any]:
-  """Most layers whose affine peak is within ``BUDGET`` of ``memory``."""
-  slope = (p4["peak_bytes"] - p2["peak_bytes"]) / (DEPTHS[1] - DEPTHS[0])
-  base = p2["peak_bytes"] - DEPTHS[0] * slope
+def solve(a: dict[str, Any], b: dict[str, Any], memory: int) -> dict[str, Any]:
+  """Most layers whose peak, affine through rows ``a`` and ``b``, is within budget.
+
+  Examples:
+    >>> fit = solve({"layers": 2, "peak_bytes": 10}, {"layers": 4, "peak_bytes": 14}, 40)
+    >>> fit["per_layer_bytes"], fit["base_bytes"], fit["max_layers"]
+    (2.0, 6.0, 15)
+  """
+  slope = (b["peak_bytes"] - a["peak_bytes"]) / (b["layers"] - a["layers"])
+  base = a["peak_bytes"] - a["layers"] * slope
   layers = max(0, math.floor((BUDGET * memory - base) / slope)) if slope > 0 else None
   return {"per_layer_bytes": slope, "base_bytes": base, "max_layers": layers,
           "preset_peak_bytes": base + PRESET_LAYERS * slope}
+
+
+def checks(rows: dict[tuple, dict[str, Any]], chip: str, layout: str, opt: str,
+           fit: dict[str, Any]) -> list[dict[str, Any]]:
+  """The check compiles of a row, in order: each solved from the one before.
+
+  The first is at the affine depth; after one over the budget, the next is
+  at the depth solved on the secant through 4 layers and that check. Stops at
+  the first row missing from ``rows``, one that failed, one within budget,
+  or ``CHECKS`` rows.
+  """
+  memory = deviceless.CHIPS[chip]["memory"]
+  p4 = rows[(chip, layout, opt, DEPTHS[1])]
+  out, layers = [], fit["max_layers"]
+  while layers and len(out) < CHECKS:
+    check = rows.get((chip, layout, opt, layers))
+    if check is None:
+      break
+    out.append(check)
+    if "error" in check or check["peak_bytes"] <= BUDGET * memory:
+      break
+    layers = solve(p4, check, memory)["max_layers"]
+    if layers is None or layers <= DEPTHS[1]:
+      break
+  return out
 
 
 def run(chips, layouts, optimizers, path, log=print) -> dict[str, Any]:
@@ -131,8 +167,17 @@ def run(chips, layouts, optimizers, path, log=print) -> dict[str, Any]:
         if "error" in p2 or "error" in p4:
           continue
         fit = solve(p2, p4, deviceless.CHIPS[chip]["memory"])
-        if fit["max_layers"] and (layout, opt) in CHECKED:
-          measured(chip, layout, opt, fit["max_layers"])
+        if (layout, opt) not in CHECKED or not fit["max_layers"]:
+          continue
+        # The same sequence of depths as checks() reads back.
+        budget, layers = BUDGET * deviceless.CHIPS[chip]["memory"], fit["max_layers"]
+        for _ in range(CHECKS):
+          check = measured(chip, layout, opt, layers)
+          if "error" in check or check["peak_bytes"] <= budget:
+            break
+          layers = solve(p4, check, deviceless.CHIPS[chip]["memory"])["max_layers"]
+          if layers is None or layers <= DEPTHS[1]:
+            break
   return data
 
 
@@ -153,10 +198,9 @@ def fits(data: dict[str, Any]) -> list[dict[str, Any]]:
           continue
         memory = deviceless.CHIPS[chip]["memory"]
         row.update(solve(p2, p4, memory))
-        check = rows.get((chip, layout, opt, row["max_layers"]))
-        if check and "error" not in check:
-          row["checked_peak_bytes"] = check["peak_bytes"]
-          row["checked_within_budget"] = check["peak_bytes"] <= BUDGET * memory
+        row["checks"] = [{"layers": c["layers"], "peak_bytes": c.get("peak_bytes"),
+                          "within_budget": "error" not in c and c["peak_bytes"] <= BUDGET * memory}
+                         for c in checks(rows, chip, layout, opt, row)]
         out.append(row)
   return out
 
@@ -182,28 +226,36 @@ def render(data: dict[str, Any]) -> str:
       f"{BATCH_PER_SHARD} x {SEQ_LEN} tokens per data-parallel shard. The compiled "
       "peak per chip is affine in the depth: measured at 2 and 4 layers, solved for "
       f"the most layers within {BUDGET:.0%} of the chip's memory; on one chip, AdamW's "
-      "and FOAM's depths are checked by compiling them (a check over budget means "
-      "the peak grows faster than affinely: temporaries). Counts from a compiler, "
-      "not a run on the chip.",
+      "and FOAM's depths are checked by compiling them, and a check over the budget "
+      "(the peak grew faster than affinely) is solved again on the secant through 4 "
+      "layers and that check, and compiled again. `most layers` is the deepest check "
+      "within the budget, or the affine solution where none was compiled. Counts "
+      "from a compiler, not a run on the chip.",
       "",
       "| chip | layout | optimizer | per layer (GiB) | base (GiB) | "
       f"peak at {PRESET_LAYERS} layers (GiB) | most layers | params there | "
-      "checked peak (GiB) | within budget |",
-      "|---|---|---|---|---|---|---|---|---|---|",
+      "checked: layers: peak (GiB) |",
+      "|---|---|---|---|---|---|---|---|---|",
   ]
   for row in fits(data):
     if "error" in row:
       lines.append(f"| {row['chip']} | {row['layout']} | {row['optimizer']} | "
-                   f"fails to compile: `{row['error'][:120]}` | | | | | | |")
+                   f"fails to compile: `{row['error'][:120]}` | | | | | |")
       continue
-    checked = row.get("checked_peak_bytes")
+    fitting = [c["layers"] for c in row["checks"] if c["within_budget"]]
+    if fitting:
+      most, params = str(max(fitting)), f"{params_at(max(fitting)) / 1e9:.2f}B"
+    elif row["checks"]:  # every compiled depth was over the budget
+      most, params = f"under {min(c['layers'] for c in row['checks'])}", ""
+    else:
+      most, params = f"{row['max_layers']} (affine)", f"{params_at(row['max_layers']) / 1e9:.2f}B"
+    checked = "; ".join(
+        f"{c['layers']}: {c['peak_bytes'] / gib:.2f}" + ("" if c["within_budget"] else " (over)")
+        for c in row["checks"]) or "not checked"
     lines.append(
         f"| {row['chip']} | {row['layout']} | {row['optimizer']} | "
         f"{row['per_layer_bytes'] / gib:.3f} | {row['base_bytes'] / gib:.2f} | "
-        f"{row['preset_peak_bytes'] / gib:.1f} | {row['max_layers']} | "
-        f"{params_at(row['max_layers']) / 1e9:.2f}B | "
-        f"{'not checked' if checked is None else f'{checked / gib:.2f}'} | "
-        f"{row.get('checked_within_budget', '')} |")
+        f"{row['preset_peak_bytes'] / gib:.1f} | {most} | {params} | {checked} |")
   done = {(r["chip"], r["layout"], r["optimizer"]) for r in fits(data)}
   missing = [f"{c}, {lay}, {o}" for c in CHIPS for lay in LAYOUTS for o in OPTIMIZERS
              if (c, lay, o) not in done]
