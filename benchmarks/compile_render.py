@@ -101,9 +101,10 @@ def render_updates(data: dict[str, Any]) -> str:
       "one kernel, and an XLA GPU kernel has one loop shape (the weight's is four "
       "times the moments').",
       "",
-      "On TPU, the folded leaves (float moments, fold axis -2) of `foam` and "
+      "On TPU, the folded leaves (float moments, fold axis -2 or -1) of `foam` and "
       "`foam_lion` take a Pallas kernel (`foam_jax/_src/tpu_folded.py`, "
-      "`tpu_adam.py`, `tpu_lion.py`) that reads the gradient and the folded "
+      "`tpu_lanes.py` for axis -1, `tpu_adam.py`, `tpu_lion.py`) that reads the "
+      "gradient and the folded "
       "moments and writes the moments and the update once each; "
       "`optax.apply_updates` then reads the update and the weight and writes the "
       "weight: 6 weight-sizes at level 2 for Adam's two moments (5.5 for Lion's "

@@ -153,7 +153,7 @@ def scale_by_folded_lion(
 
       return folded_moments.leaf_map(leaf_update, specs, leaves, updates), mu
 
-    # On TPU the leaves tpu_folded.plan covers take the kernel; the rest, and
+    # On TPU the leaves tpu_folded.covers covers take the kernel; the rest, and
     # every other platform, XLA's.
     updates, mu = tpu_dispatch.folded_update(
         xla_update, functools.partial(tpu_lion.folded_lion, mode=mode),

@@ -1,7 +1,7 @@
 r"""FOAM's folded Adam update on TPU: one Pallas (Mosaic) kernel per leaf.
 
 With :mod:`~foam_jax._src.tpu_folded`'s pass over the tiles of a leaf
-folded along axis -2:
+folded along axis -2 (or :mod:`~foam_jax._src.tpu_lanes`'s, along axis -1):
 
 .. math::
 
@@ -87,12 +87,9 @@ def coefficients(form: str, nesterov: bool, count: jax.Array, *, b1: Any, b2: An
 
 
 def _moments(mean_of_squares: bool):
-  def moments(coef, parts, mean, inverse, olds):
+  def moments(coef, mean, square_mean, olds):
     b1, b2, one_minus_b1, one_minus_b2 = (coef[i] for i in range(4))
-    if mean_of_squares:
-      target = sum((p * p for p in parts[1:]), parts[0] * parts[0]) * inverse
-    else:
-      target = mean * mean
+    target = square_mean() if mean_of_squares else mean * mean
     mu, nu = olds
     return b1 * mu + one_minus_b1 * mean, b2 * nu + one_minus_b2 * target
   return moments
@@ -107,19 +104,20 @@ def _update(coef, part, mean, olds, news):
 
 
 def folded_adam(g: jax.Array, mu: jax.Array, nu: jax.Array, coefs: jax.Array, *,
-                level: int, mean_of_squares: bool, interpret: bool = False
+                level: int, mean_of_squares: bool, axis: int = -2, interpret: bool = False
                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """One leaf's update ``u`` and new moments, in one pass over its tiles.
 
   Args:
-    g: the gradient, folded along axis -2
-      (:func:`~foam_jax._src.tpu_folded.plan` must cover it).
+    g: the gradient, folded along ``axis`` (-2 or -1;
+      :func:`~foam_jax._src.tpu_folded.covers` must cover it).
     mu, nu: the stored folded moments (float); overwritten in place where
       donated.
     coefs: :func:`coefficients`.
     level: the fold level.
     mean_of_squares: the second moment averages :math:`F(g^2)` (else
       :math:`(F g)^2`).
+    axis: the fold axis.
     interpret: run the kernel in Pallas's interpreter (any backend).
 
   Returns:
@@ -135,6 +133,6 @@ def folded_adam(g: jax.Array, mu: jax.Array, nu: jax.Array, coefs: jax.Array, *,
     >>> round(float(u[0, 0]), 4), round(float(mu[0, 0]), 4)  # Adam's first step: 1
     (1.0, 0.1)
   """
-  u, mu, nu = tpu_folded.folded_call(_moments(mean_of_squares), _update, g, (mu, nu), coefs,
-                                     level=level, name=KERNEL_NAME, interpret=interpret)
+  u, mu, nu = tpu_folded.call(_moments(mean_of_squares), _update, g, (mu, nu), coefs,
+                              axis=axis, level=level, name=KERNEL_NAME, interpret=interpret)
   return u, mu, nu

@@ -3,9 +3,9 @@ r"""Where FOAM's TPU kernels run: which leaves, which shards, which platform.
 :func:`foam_jax.scale_by_foam` and :func:`foam_jax.scale_by_folded_lion`
 give their XLA path and their kernel to :func:`folded_update`: on TPU (chosen
 when the program is lowered, ``jax.lax.platform_dependent``) the leaves that
-:func:`~foam_jax._src.tpu_folded.plan` covers (float moments, a fold along
-axis -2) take the kernel (:func:`split_update`); every other leaf, and every
-other platform, takes the XLA path. :func:`per_shard` runs a
+:func:`~foam_jax._src.tpu_folded.covers` covers (float moments, a fold along
+axis -2 or -1) take the kernel (:func:`split_update`); every other leaf, and
+every other platform, takes the XLA path. :func:`per_shard` runs a
 kernel where it needs no communication: on one device, or per shard where
 the sharding is in the types (Explicit mesh axes).
 """
@@ -25,10 +25,12 @@ import optax
 from foam_jax._src import folding
 from foam_jax._src import moment
 from foam_jax._src import quantized_state
-from foam_jax._src.tpu_folded import plan
+from foam_jax._src.tpu_folded import covers
 
-__all__ = ["folded_update", "per_shard", "covered_levels", "split_update", "interpret",
+__all__ = ["folded_update", "per_shard", "covered_folds", "split_update", "interpret",
            "interpreting"]
+
+Fold = tuple[int, int]  # (axis, level) of a leaf a kernel covers.
 
 
 def _mesh_names(entry: Any) -> tuple[str, ...]:
@@ -37,19 +39,20 @@ def _mesh_names(entry: Any) -> tuple[str, ...]:
   return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def _fitted_spec(mesh, spec, shape: tuple[int, ...], level: int) -> jax.sharding.PartitionSpec:
+def _fitted_spec(mesh, spec, shape: tuple[int, ...], fold: Fold) -> jax.sharding.PartitionSpec:
   """``spec`` without the axes the kernel cannot split.
 
   The fold needs whole blocks in each shard (shard lengths that ``k``
-  divides), and each shard must be a shape :func:`plan` covers.
+  divides), and each shard must be a shape :func:`covers` covers.
   """
+  axis, level = fold[0] % len(shape), fold[1]
   entries = list(tuple(spec)) + [None] * (len(shape) - len(tuple(spec)))
   shards = lambda e: math.prod(mesh.shape[n] for n in _mesh_names(e))  # noqa: E731
-  if shape[-2] % (folding.block_size(shape[-2], level) * shards(entries[-2])):
-    entries[-2] = None
-  for axis in (-1, -2):  # A shard the kernel would not cover: gathered.
-    if plan(_local_shape(shape, entries, shards), len(shape) - 2, level, jnp.float32) is None:
-      entries[axis] = None
+  if shape[axis] % (folding.block_size(shape[axis], level) * shards(entries[axis])):
+    entries[axis] = None
+  for other in (-1, -2):  # A shard the kernel would not cover: gathered.
+    if not covers(_local_shape(shape, entries, shards), axis, level, jnp.float32):
+      entries[other] = None
   return jax.sharding.PartitionSpec(*entries)
 
 
@@ -69,14 +72,14 @@ def _spec(x: Any) -> jax.sharding.PartitionSpec:
 
 
 def per_shard(local, g: jax.Array, stored: tuple[jax.Array, ...], coefs: jax.Array, *,
-              level: int, fallback) -> tuple[jax.Array, ...]:
+              fold: Fold, fallback) -> tuple[jax.Array, ...]:
   """``local`` (a kernel) where it runs without communication, else ``fallback``.
 
   * On one device: the kernel.
   * On a mesh whose axes are all Explicit (the sharding is in the types):
     each device runs the kernel on its shard (``jax.shard_map``), where the
     moments are sharded as the gradient, every shard holds whole fold
-    blocks and is a shape :func:`~foam_jax._src.tpu_folded.plan` covers.
+    blocks and is a shape :func:`~foam_jax._src.tpu_folded.covers` covers.
   * Otherwise ``fallback``, the XLA path: on a mesh with Auto axes the
     sharding is not known when the update is traced, and XLA partitions a
     kernel by gathering its operands (``custom_partitioning``, which could
@@ -87,7 +90,7 @@ def per_shard(local, g: jax.Array, stored: tuple[jax.Array, ...], coefs: jax.Arr
     g: the gradient.
     stored: its stored folded moments.
     coefs: the kernel's scalars.
-    level: the fold level.
+    fold: the leaf's ``(axis, level)``.
     fallback: ``(g, *stored) -> (u, *new)``, the XLA path for one leaf.
 
   Returns:
@@ -99,7 +102,7 @@ def per_shard(local, g: jax.Array, stored: tuple[jax.Array, ...], coefs: jax.Arr
   if any(t != jax.sharding.AxisType.Explicit for t in mesh.axis_types):
     return fallback(g, *stored)
   spec = _spec(g)
-  if (_fitted_spec(mesh, spec, tuple(g.shape), level) != spec
+  if (_fitted_spec(mesh, spec, tuple(g.shape), fold) != spec
       or any(_spec(m) != spec for m in stored)):
     return fallback(g, *stored)
   count = 1 + len(stored)
@@ -150,8 +153,8 @@ def _flat(tree: Any):
   return jax.tree.flatten(tree, is_leaf=_absent)
 
 
-def covered_levels(grads: Any, *stored: Any) -> list[int] | None:
-  """Each gradient leaf's fold level where a kernel covers it, else 0.
+def covered_folds(grads: Any, *stored: Any) -> list[Fold | None] | None:
+  """Each gradient leaf's ``(axis, level)`` where a kernel covers it, else ``None``.
 
   Leaves are in ``jax.tree.flatten`` order with absent parameters (``None``,
   ``optax.MaskedNode``) as leaves. ``None`` where no leaf is covered, and
@@ -163,32 +166,32 @@ def covered_levels(grads: Any, *stored: Any) -> list[int] | None:
   moment_leaves = [_flat(m)[0] for m in stored]
   if any(len(m) != len(g_leaves) for m in moment_leaves):
     return None  # The XLA path says what does not fit.
-  levels = [_leaf_level(g, *ms) for g, *ms in zip(g_leaves, *moment_leaves)]
-  return levels if any(levels) else None
+  folds = [_leaf_fold(g, *ms) for g, *ms in zip(g_leaves, *moment_leaves)]
+  return folds if any(folds) else None
 
 
-def _leaf_level(g: Any, *stored: Any) -> int:
+def _leaf_fold(g: Any, *stored: Any) -> Fold | None:
   if _absent(g) or not all(hasattr(x, "shape") and hasattr(x, "dtype") for x in (g, *stored)):
-    return 0
+    return None
   floats = (jnp.float16, jnp.bfloat16, jnp.float32)
   if any(m.shape != stored[0].shape or jnp.dtype(m.dtype) not in floats for m in stored):
-    return 0
+    return None
   try:
     geom = moment.geometry(None, tuple(g.shape), tuple(stored[0].shape))
   except ValueError:
-    return 0  # The XLA path says what does not fit.
-  if geom is None or plan(tuple(g.shape), geom.axis, geom.level, g.dtype) is None:
-    return 0
-  return geom.level
+    return None  # The XLA path says what does not fit.
+  if geom is None or not covers(tuple(g.shape), geom.axis, geom.level, g.dtype):
+    return None
+  return geom.axis, geom.level
 
 
-def split_update(xla_update, kernel, levels: list[int], grads: Any, *stored: Any):
+def split_update(xla_update, kernel, folds: list[Fold | None], grads: Any, *stored: Any):
   """``xla_update`` on the leaves no kernel covers, ``kernel`` on the rest.
 
   Args:
     xla_update: ``(grads, *stored) -> (updates, *new)``, the XLA path.
-    kernel: ``(g, *stored, level) -> (u, *new)`` for one covered leaf.
-    levels: :func:`covered_levels`.
+    kernel: ``(g, *stored, fold) -> (u, *new)`` for one covered leaf.
+    folds: :func:`covered_folds`.
     grads: the gradients.
     stored: the stored moments (trees like the gradients).
 
@@ -199,14 +202,14 @@ def split_update(xla_update, kernel, levels: list[int], grads: Any, *stored: Any
   flat_stored = [_flat(m) for m in stored]
 
   def hide(leaves):  # Covered leaves become absent for the XLA path.
-    return [optax.MaskedNode() if level else x for level, x in zip(levels, leaves)]
+    return [optax.MaskedNode() if fold else x for fold, x in zip(folds, leaves)]
 
   outs = xla_update(g_def.unflatten(hide(g_leaves)),
                     *(treedef.unflatten(hide(leaves)) for leaves, treedef in flat_stored))
   flat_outs = [_flat(o) for o in outs]
-  for i, level in enumerate(levels):
-    if level:
-      news = kernel(g_leaves[i], *(leaves[i] for leaves, _ in flat_stored), level)
+  for i, fold in enumerate(folds):
+    if fold:
+      news = kernel(g_leaves[i], *(leaves[i] for leaves, _ in flat_stored), fold)
       for (leaves, _), new in zip(flat_outs, news):
         leaves[i] = new
   return tuple(treedef.unflatten(leaves) for leaves, treedef in flat_outs)
@@ -217,7 +220,7 @@ def folded_update(xla_update: Callable[..., tuple], kernel: Callable[..., tuple]
   """A folded optimizer's update: its XLA path, and on TPU its kernel where one covers a leaf.
 
   The kernel is chosen when the program is lowered
-  (``jax.lax.platform_dependent``) for the leaves :func:`covered_levels`
+  (``jax.lax.platform_dependent``) for the leaves :func:`covered_folds`
   finds; on every other platform, for every other leaf, and where a
   sharding keeps a kernel from running per shard (:func:`per_shard`), the
   XLA path runs.
@@ -225,8 +228,8 @@ def folded_update(xla_update: Callable[..., tuple], kernel: Callable[..., tuple]
   Args:
     xla_update: ``(updates, *stored, specs=...) -> (updates, *new)``, the
       XLA path over a tree (``specs`` defaulting to the transform's).
-    kernel: ``(g, *stored, coefs, *, level, interpret) -> (u, *new)``, the
-      kernel on one leaf.
+    kernel: ``(g, *stored, coefs, *, axis, level, interpret) -> (u, *new)``,
+      the kernel on one leaf.
     coefficients: ``() -> coefs``, the kernel's scalars (made only where a
       leaf is covered).
     updates: the gradients.
@@ -235,8 +238,8 @@ def folded_update(xla_update: Callable[..., tuple], kernel: Callable[..., tuple]
   Returns:
     ``(updates, *new)`` as ``xla_update`` returns them.
   """
-  levels = covered_levels(updates, *stored)
-  if levels is None:
+  folds = covered_folds(updates, *stored)
+  if folds is None:
     return xla_update(updates, *stored)
   coefs = coefficients()
 
@@ -245,15 +248,15 @@ def folded_update(xla_update: Callable[..., tuple], kernel: Callable[..., tuple]
     return tuple(out["x"] for out in outs)
 
   def tpu_update(*args, interpret=False):
-    def leaf_kernel(g, *moments_and_level):
-      *moments, level = moments_and_level
+    def leaf_kernel(g, *moments_and_fold):
+      *moments, fold = moments_and_fold
 
       def local(coefs, g, *moments):
-        return kernel(g, *moments, coefs, level=level, interpret=interpret)
+        return kernel(g, *moments, coefs, axis=fold[0], level=fold[1], interpret=interpret)
 
-      return per_shard(local, g, tuple(moments), coefs, level=level, fallback=xla_leaf)
+      return per_shard(local, g, tuple(moments), coefs, fold=fold, fallback=xla_leaf)
 
-    return split_update(xla_update, leaf_kernel, levels, *args)
+    return split_update(xla_update, leaf_kernel, folds, *args)
 
   args = (updates, *stored)
   if interpreting():

@@ -11,12 +11,14 @@ and the residual :math:`R = g - U F g` are elementwise work on
 ``(tr / k, 128)`` slabs; a tail block (an axis length that ``k`` does not
 divide) is averaged over its true rows. An optimizer gives two functions:
 
-* ``moments(coefs, parts, mean, inverse, olds)``: the new moments (float32)
-  from the rows of each block (``parts[j]`` is row ``j`` of every block,
-  zero past the axis), their mean :math:`F g`, ``1 / count`` and the stored
-  moments (float32);
+* ``moments(coefs, mean, square_mean, olds)``: the new moments (float32)
+  from the block means :math:`F g`, a function that returns
+  :math:`F(g^2)`, and the stored moments (float32);
 * ``update(coefs, part, mean, olds, news)``: :math:`u` on one row of every
   block, reading the new moments as stored (rounded to their dtype).
+
+A fold along the last axis takes :mod:`~foam_jax._src.tpu_lanes`'s pass,
+with the same two functions; :func:`covers` and :func:`call` choose.
 
 Each block of every operand is copied between HBM and VMEM once
 (:func:`block_visits`), so a kernel moves what its operands and outputs
@@ -39,8 +41,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from foam_jax._src import folding
+from foam_jax._src import tpu_lanes
 
-__all__ = ["KernelPlan", "plan", "folded_call", "block_visits", "hbm_bytes", "LANES"]
+__all__ = ["KernelPlan", "plan", "covers", "call", "folded_call", "block_visits", "hbm_bytes",
+           "LANES"]
 
 LANES = 128
 MAX_BLOCK = folding.MAX_SLICED_BLOCK
@@ -143,8 +147,9 @@ def _kernel(coef_ref, g_ref, *refs, kplan: KernelPlan, count: int, moments: Mome
       parts = [jnp.where(m, p, 0.0) for m, p in zip(masks, parts)]
     mean = sum(parts[1:], parts[0]) * inverse
     olds = [ref[:, cols].astype(f32) for ref in old_refs]
+    square_mean = lambda: sum((p * p for p in parts[1:]), parts[0] * parts[0]) * inverse  # noqa: B023, E731
     news = []
-    for ref, new in zip(new_refs, moments(coef_ref, parts, mean, inverse, olds)):
+    for ref, new in zip(new_refs, moments(coef_ref, mean, square_mean, olds)):
       stored = new.astype(ref.dtype)
       ref[:, cols] = stored
       news.append(stored.astype(f32))  # Read as stored.
@@ -241,3 +246,25 @@ def hbm_bytes(kplan: KernelPlan, g_dtype: Any, *moment_dtypes: Any) -> int:
                for ix in visits["moments"])
   size = lambda dt: jnp.dtype(dt).itemsize  # noqa: E731
   return 2 * grad * size(g_dtype) + 2 * folded * sum(size(dt) for dt in moment_dtypes)
+
+
+def covers(shape: tuple[int, ...], axis: int, level: int, dtype: Any) -> bool:
+  """Whether a kernel covers a leaf folded along ``axis``: -2 (:func:`plan`) or -1.
+
+  Examples:
+    >>> covers((4096, 11008), 0, 2, "bfloat16"), covers((4096, 11008), 1, 2, "bfloat16")
+    (True, True)
+  """
+  return (plan(shape, axis, level, dtype) is not None
+          or tpu_lanes.plan(shape, axis, level, dtype) is not None)
+
+
+def call(moments: Moments, update: Update, g: jax.Array, stored: Sequence[jax.Array],
+         coefs: jax.Array, *, axis: int, level: int, name: str, interpret: bool = False
+         ) -> tuple[jax.Array, ...]:
+  """:func:`folded_call` for a fold along axis -2, ``tpu_lanes.lanes_call`` along -1."""
+  if axis % g.ndim == g.ndim - 1:
+    return tpu_lanes.lanes_call(moments, update, g, stored, coefs, level=level, name=name,
+                                interpret=interpret)
+  return folded_call(moments, update, g, stored, coefs, level=level, name=name,
+                     interpret=interpret)

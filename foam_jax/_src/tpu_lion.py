@@ -1,7 +1,7 @@
 r"""Folded Lion's update on TPU: one Pallas (Mosaic) kernel per leaf.
 
 With :mod:`~foam_jax._src.tpu_folded`'s pass over the tiles of a leaf folded
-along axis -2 (:func:`foam_jax.scale_by_folded_lion`'s math):
+along axis -2 or -1 (:func:`foam_jax.scale_by_folded_lion`'s math):
 
 .. math::
 
@@ -37,8 +37,8 @@ def coefficients(*, b1: Any, b2: Any, residual_scale: Any, smooth_beta: Any) -> 
                     for x in (b1, b2, 1.0 - b1, 1.0 - b2, residual_scale, smooth_beta)])
 
 
-def _moments(coef, parts, mean, inverse, olds):
-  del parts, inverse
+def _moments(coef, mean, square_mean, olds):
+  del square_mean
   b2, one_minus_b2 = coef[1], coef[3]
   (mu,) = olds
   return (one_minus_b2 * mean + b2 * mu,)
@@ -77,18 +77,19 @@ def _update(mode: str):
 
 
 def folded_lion(g: jax.Array, mu: jax.Array, coefs: jax.Array, *, level: int, mode: str,
-                interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+                axis: int = -2, interpret: bool = False) -> tuple[jax.Array, jax.Array]:
   """One leaf's update ``u`` and new momentum, in one pass over its tiles.
 
   Args:
-    g: the gradient, folded along axis -2
-      (:func:`~foam_jax._src.tpu_folded.plan` must cover it).
+    g: the gradient, folded along ``axis`` (-2 or -1;
+      :func:`~foam_jax._src.tpu_folded.covers` must cover it).
     mu: the stored folded momentum (float); overwritten in place where
       donated.
     coefs: :func:`coefficients`.
     level: the fold level.
     mode: ``"hard"`` (sign), ``"smooth"`` or ``"refined"``, as
       :func:`foam_jax.scale_by_folded_lion`.
+    axis: the fold axis.
     interpret: run the kernel in Pallas's interpreter (any backend).
 
   Returns:
@@ -102,6 +103,6 @@ def folded_lion(g: jax.Array, mu: jax.Array, coefs: jax.Array, *, level: int, mo
     >>> float(u[0, 0]), round(float(mu[0, 0]), 4)
     (1.0, 0.01)
   """
-  u, mu = tpu_folded.folded_call(_moments, _update(mode), g, (mu,), coefs, level=level,
-                                 name=KERNEL_NAME, interpret=interpret)
+  u, mu = tpu_folded.call(_moments, _update(mode), g, (mu,), coefs, axis=axis, level=level,
+                          name=KERNEL_NAME, interpret=interpret)
   return u, mu

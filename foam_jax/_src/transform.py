@@ -328,7 +328,7 @@ def scale_by_foam(
           m_hat, v_hat, scale, updates)
       return updates, mu, nu
 
-    # On TPU the leaves tpu_folded.plan covers take the kernel; the rest, and
+    # On TPU the leaves tpu_folded.covers covers take the kernel; the rest, and
     # every other platform, XLA's.
     updates, mu, nu = tpu_dispatch.folded_update(
         xla_update,
