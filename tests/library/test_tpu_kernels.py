@@ -136,11 +136,13 @@ def test_the_lion_kernel_and_the_xla_path_agree(mode):
                                  err_msg=k)
 
 
-@pytest.mark.parametrize("bias_correction", ["step_size", "moments", "folded_moments"])
-def test_the_kernel_and_the_xla_path_agree_and_share_the_state(bias_correction):
-  """Three steps on either path, then three on the other: the same run."""
-  tx = foam_jax.foam(1e-2, weight_decay=0.0, bias_correction=bias_correction,
-                     fold_spec=fold_spec)
+def test_the_kernel_and_the_xla_path_agree_and_share_the_state():
+  """Three steps on either path, then three on the other: the same run.
+
+  The moments' update is the same for every bias-correction form (each
+  form's update is checked against the float64 reference above).
+  """
+  tx = foam_jax.foam(1e-2, weight_decay=0.0, fold_spec=fold_spec)
   rng = np.random.default_rng(1)
   params = {k: jnp.asarray(rng.standard_normal(s), jnp.float32) for k, s in SHAPES.items()}
   grads = [jax.tree.map(jnp.asarray, _grads(rng, params)) for _ in range(6)]
