@@ -104,14 +104,9 @@ def plan(shape: tuple[int, ...], axis: int, level: int, dtype: Any) -> KernelPla
     >>> plan((4096, 11008), 1, 2, "bfloat16") is None  # fold axis -1
     True
   """
-  dtype = jnp.dtype(dtype)
-  if len(shape) < 2 or axis % len(shape) != len(shape) - 2:
-    return None
-  if dtype not in (jnp.float16, jnp.bfloat16, jnp.float32):
-    return None
-  rows, cols = shape[-2:]
-  k = folding.block_size(rows, level) if rows else 0
-  if not 2 <= k <= MAX_BLOCK or cols < LANES:
+  k = tpu_lanes.kernel_block(shape, axis, level, dtype, fold_axis=-2)
+  rows, cols = shape[-2:] if k else (0, 0)
+  if not k or cols < LANES:
     return None
   nb = -(-rows // k)
   if nb > FOLDED_ROWS:

@@ -50,8 +50,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from foam_jax._src import folding
 
-__all__ = ["LanePlan", "plan", "lanes_call", "fold", "spread", "split", "block_visits",
-           "hbm_bytes"]
+__all__ = ["LanePlan", "plan", "kernel_block", "column_major", "lanes_call", "fold", "spread",
+           "split", "fold_matrix", "block_visits", "hbm_bytes"]
 
 LANES = 128
 TILE_ELEMENTS = 256 * 512  # Gradient entries per tile: (1024 / k) rows of 128 k lanes.
@@ -107,20 +107,38 @@ def plan(shape: tuple[int, ...], axis: int, level: int, dtype: Any,
     >>> plan((4096, 11002), 1, 2, "bfloat16") is None  # a tail block of 2: XLA
     True
   """
-  dtype = jnp.dtype(dtype)
-  if len(shape) < 2 or axis % len(shape) != len(shape) - 1:
-    return None
-  if dtype not in (jnp.float16, jnp.bfloat16, jnp.float32):
-    return None
-  rows, cols = shape[-2:]
-  k = folding.block_size(cols, level) if cols else 0
-  if not 2 <= k <= folding.MAX_SLICED_BLOCK or cols % k or cols // k < LANES or not rows:
+  k = kernel_block(shape, axis, level, dtype, fold_axis=-1)
+  rows, cols = shape[-2:] if k else (0, 0)
+  if not k or cols % k or cols // k < LANES or not rows:
     return None
   transposed = column_major((rows, cols // k), dtype if moment_dtype is None else moment_dtype)
   # A transposed moment tile is (128, tile_rows): whole lanes.
   tile_rows = max(TILE_ELEMENTS // (LANES * k), LANES if transposed else 0)
   return LanePlan(math.prod(shape[:-2]), rows, cols, k, rows if rows <= tile_rows else tile_rows,
                   transposed)
+
+
+def kernel_block(shape: tuple[int, ...], axis: int, level: int, dtype: Any,
+                 fold_axis: int) -> int | None:
+  """``k`` where a kernel may cover a leaf folded along ``fold_axis`` (-2 or -1), else ``None``.
+
+  Real float16, bfloat16 and float32 leaves of rank 2 or more, folded along
+  that axis in blocks of 2 to :data:`~foam_jax._src.folding.MAX_SLICED_BLOCK`;
+  each kernel's plan adds its own conditions.
+
+  Examples:
+    >>> kernel_block((64, 512), 1, 2, "float32", fold_axis=-1)
+    4
+    >>> kernel_block((64, 512), 1, 2, "float64", fold_axis=-1) is None
+    True
+  """
+  if len(shape) < 2 or axis % len(shape) != len(shape) + fold_axis:
+    return None
+  if jnp.dtype(dtype) not in (jnp.float16, jnp.bfloat16, jnp.float32):
+    return None
+  length = shape[fold_axis]
+  k = folding.block_size(length, level) if length else 0
+  return k if 2 <= k <= folding.MAX_SLICED_BLOCK else None
 
 
 def column_major(shape: tuple[int, int], dtype: Any) -> bool:

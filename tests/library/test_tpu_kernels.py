@@ -12,13 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import reference
-from reference import LeafRule
+import tpu_harness
 from reference import NumpyFoam
 from reference_folded import NumpyFoldedLion
 
 import foam_jax
-from foam_jax import FoldSpec
 from foam_jax._src import tpu_adam
 from foam_jax._src import tpu_dispatch
 from foam_jax._src import tpu_folded
@@ -36,46 +34,17 @@ LEAVES = {
     "bias": ((7,), None, False),
     "embed": ((20, 130), None, False),
 }
-SHAPES = {k: v[0] for k, v in LEAVES.items()}
-RULES = {k: LeafRule() if lv is None else LeafRule(axis=-2, k=2**lv)
-         for k, (_, lv, _) in LEAVES.items()}
-
-
-def fold_spec(params):
-  return {k: None if LEAVES[k][1] is None else FoldSpec(axis=-2, level=LEAVES[k][1])
-          for k in params}
-
-
-def _grads(rng, params):
-  return {k: (rng.standard_normal(s) * np.linspace(0.2, 3.0, s[-1])
-              + 0.1 * np.asarray(params[k])).astype(np.float32)
-          for k, s in SHAPES.items()}
+LEAVES_AXIS = tpu_harness.Leaves(LEAVES, axis=-2)
+SHAPES, RULES, fold_spec = LEAVES_AXIS.shapes, LEAVES_AXIS.rules, LEAVES_AXIS.fold_spec
+_grads = LEAVES_AXIS.grads
 
 
 def _kernel_calls(tx, params, state, name=tpu_adam.KERNEL_NAME):
-  jaxpr = jax.make_jaxpr(lambda g, s, p: tx.update(g, s, p))(params, state, params)
-  return str(jaxpr).count(f"name={name}")
+  return tpu_harness.kernel_calls(tx, params, state, name)
 
 
 def _run(tx, ref, steps=6, seed=0, name=tpu_adam.KERNEL_NAME):
-  rng = np.random.default_rng(seed)
-  params = {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
-  ref.init(params)
-  ref_params = {k: reference.wide(v) for k, v in params.items()}
-  params = jax.tree.map(jnp.asarray, params)
-  with tpu_dispatch.interpret():
-    state = tx.init(params)
-    assert _kernel_calls(tx, params, state, name) == sum(c for _, _, c in LEAVES.values())
-    step = jax.jit(lambda g, s, p: tx.update(g, s, p))
-    for _ in range(steps):
-      grads = _grads(rng, params)
-      updates, state = step(jax.tree.map(jnp.asarray, grads), state, params)
-      params = optax.apply_updates(params, updates)
-      ref_params = ref.step(ref_params, {k: reference.wide(g) for k, g in grads.items()})
-  for k in SHAPES:
-    np.testing.assert_allclose(np.asarray(params[k]), ref_params[k], rtol=1e-5, atol=1e-5,
-                               err_msg=k)
-  return params, state
+  return tpu_harness.run_against_reference(tx, ref, LEAVES_AXIS, name, steps, seed)
 
 
 @pytest.mark.parametrize("bias_correction", ["step_size", "folded_moments"])
@@ -147,12 +116,7 @@ def test_the_kernel_and_the_xla_path_agree_and_share_the_state():
   params = {k: jnp.asarray(rng.standard_normal(s), jnp.float32) for k, s in SHAPES.items()}
   grads = [jax.tree.map(jnp.asarray, _grads(rng, params)) for _ in range(6)]
 
-  def steps(update, p, s, gs):
-    for g in gs:
-      u, s = update(g, s, p)
-      p = optax.apply_updates(p, u)
-    return p, s
-
+  steps = tpu_harness.steps
   xla_update = jax.jit(tx.update)
   xla_half_p, xla_half_s = steps(xla_update, params, tx.init(params), grads[:3])
   xla_p, xla_s = steps(xla_update, xla_half_p, xla_half_s, grads[3:])
@@ -171,21 +135,8 @@ def test_the_kernel_and_the_xla_path_agree_and_share_the_state():
 
 
 def test_bfloat16_weights_and_moments_agree_with_the_xla_path():
-  tx = foam_jax.foam(1e-2, weight_decay=0.0, fold_spec=fold_spec)
-  rng = np.random.default_rng(2)
-  params = {k: jnp.asarray(rng.standard_normal(s), jnp.bfloat16) for k, s in SHAPES.items()}
-  state = tx.init(params)
-  assert state[0].mu["l2"].dtype == jnp.bfloat16
-  grads = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), params)
-  u_xla, s_xla = jax.jit(tx.update)(grads, state, params)
-  with tpu_dispatch.interpret():
-    u, s = jax.jit(tx.update)(grads, state, params)
-  for k in SHAPES:
-    assert u[k].dtype == jnp.bfloat16 and s[0].mu[k].dtype == s_xla[0].mu[k].dtype
-    np.testing.assert_allclose(np.asarray(u[k], np.float32), np.asarray(u_xla[k], np.float32),
-                               rtol=2e-2, atol=2e-5, err_msg=k)
-    np.testing.assert_allclose(np.asarray(s[0].nu[k], np.float32),
-                               np.asarray(s_xla[0].nu[k], np.float32), rtol=1e-2, err_msg=k)
+  tpu_harness.check_bfloat16_against_xla(
+      foam_jax.foam(1e-2, weight_decay=0.0, fold_spec=fold_spec), LEAVES_AXIS)
 
 
 def test_absent_and_masked_leaves_pass_through_the_kernel_path():
