@@ -13,8 +13,8 @@ lanes; ``spread_ones`` copies a folded lane to its block):
   additions in a block sum differs from the XLA path's;
 * per block, as on the XLA path: the matmul sees non-finite entries as zero,
   and their kinds ride beside it as small integer codes (:func:`fold`,
-  :func:`spread`), so an infinity or a NaN reaches its own block's mean and
-  no other.
+  :func:`spread`; one more matmul, only in a tile that holds one), so an
+  infinity or a NaN reaches its own block's mean and no other.
 
 An optimizer gives the same two functions as to
 :mod:`~foam_jax._src.tpu_folded` (its docstring), with ``part`` the whole
@@ -195,6 +195,14 @@ def _finite(x: jax.Array) -> jax.Array:
   return jnp.where(jnp.abs(x) < jnp.inf, x, 0.0)
 
 
+def _code_sums(x: jax.Array, ones: jax.Array) -> jax.Array:
+  """``x``'s codes times ``ones``: a matmul taken only in a tile with a non-finite entry."""
+  bad = jnp.max(jnp.where(jnp.abs(x) < jnp.inf, 0.0, 1.0)) > 0.0
+  return jax.lax.cond(
+      bad, lambda: jnp.dot(_codes(x), ones, preferred_element_type=jnp.float32),
+      lambda: jnp.zeros((x.shape[0], ones.shape[1]), jnp.float32))
+
+
 def _matmul(x: jax.Array, ones: jax.Array, parts: int) -> jax.Array:
   finite = _finite(x)
   pieces = [finite.astype(jnp.bfloat16)] if parts == 1 else split(finite, parts)
@@ -216,7 +224,7 @@ def fold(x: jax.Array, fold_ones: jax.Array, k: int, parts: int = 3) -> jax.Arra
     [2.0, inf]
   """
   mean = _matmul(x, fold_ones, parts) * (1.0 / k)
-  code = jnp.dot(_codes(x), fold_ones, preferred_element_type=jnp.float32).astype(jnp.int32)
+  code = _code_sums(x, fold_ones).astype(jnp.int32)
   pos, neg, nan = code & 31, (code >> 5) & 31, code >> 10
   nonfinite = jnp.where(pos > 0, jnp.inf, -jnp.inf)
   nonfinite = jnp.where((nan > 0) | ((pos > 0) & (neg > 0)), jnp.nan, nonfinite)
@@ -231,7 +239,7 @@ def spread(y: jax.Array, spread_ones: jax.Array, parts: int = 3) -> jax.Array:
     [2.0, 2.0, -inf, -inf]
   """
   value = _matmul(y, spread_ones, parts)
-  code = jnp.dot(_codes(y), spread_ones, preferred_element_type=jnp.float32)
+  code = _code_sums(y, spread_ones)
   out = jnp.where(code == _POSINF, jnp.inf, value)
   out = jnp.where(code == _NEGINF, -jnp.inf, out)
   return jnp.where(code == _NAN, jnp.nan, out)
