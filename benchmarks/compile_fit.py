@@ -263,6 +263,11 @@ def render(data: dict[str, Any]) -> str:
     lines += ["", "Not compiled yet (the run is resumable: `python -m benchmarks.compile_fit` "
               "goes on where it stopped): " + "; ".join(missing) + "."]
   lines += ["", "## Provenance", ""]
+  commits: dict[str, int] = {}
+  for r in data["rows"]:
+    commits[r.get("commit", "not recorded")] = commits.get(r.get("commit", "not recorded"), 0) + 1
+  lines.append("- compiles per commit of the code: "
+               + ", ".join(f"{c}: {n}" for c, n in sorted(commits.items())))
   lines += [f"- {k}: {v}" for k, v in sorted(data.get("info", {}).items())]
   lines.append("")
   return "\n".join(lines)
