@@ -191,23 +191,21 @@ def _codes(x: jax.Array) -> jax.Array:
   return code.astype(jnp.bfloat16)
 
 
-def _finite(x: jax.Array) -> jax.Array:
-  return jnp.where(jnp.abs(x) < jnp.inf, x, 0.0)
+def _matmuls(x: jax.Array, ones: jax.Array, parts: int) -> tuple[jax.Array, jax.Array]:
+  """``x`` times ``ones`` with non-finite entries as zero, and their codes times ``ones``.
 
-
-def _code_sums(x: jax.Array, ones: jax.Array) -> jax.Array:
-  """``x``'s codes times ``ones``: a matmul taken only in a tile with a non-finite entry."""
-  bad = jnp.max(jnp.where(jnp.abs(x) < jnp.inf, 0.0, 1.0)) > 0.0
-  return jax.lax.cond(
-      bad, lambda: jnp.dot(_codes(x), ones, preferred_element_type=jnp.float32),
-      lambda: jnp.zeros((x.shape[0], ones.shape[1]), jnp.float32))
-
-
-def _matmul(x: jax.Array, ones: jax.Array, parts: int) -> jax.Array:
-  finite = _finite(x)
-  pieces = [finite.astype(jnp.bfloat16)] if parts == 1 else split(finite, parts)
+  The codes' matmul is taken only in a tile with a non-finite entry.
+  """
+  finite = jnp.abs(x) < jnp.inf
+  clean = jnp.where(finite, x, 0.0)
+  pieces = [clean.astype(jnp.bfloat16)] if parts == 1 else split(clean, parts)
   out = [jnp.dot(p, ones, preferred_element_type=jnp.float32) for p in pieces]
-  return functools.reduce(lambda a, b: a + b, out[::-1])  # Smallest parts first.
+  value = functools.reduce(lambda a, b: a + b, out[::-1])  # Smallest parts first.
+  code = jax.lax.cond(
+      jnp.min(jnp.where(finite, 1.0, 0.0)) < 1.0,
+      lambda: jnp.dot(_codes(x), ones, preferred_element_type=jnp.float32),
+      lambda: jnp.zeros(value.shape, jnp.float32))
+  return value, code
 
 
 def fold(x: jax.Array, fold_ones: jax.Array, k: int, parts: int = 3) -> jax.Array:
@@ -223,8 +221,8 @@ def fold(x: jax.Array, fold_ones: jax.Array, k: int, parts: int = 3) -> jax.Arra
     >>> fold(x, ones, 2)[0, :2].tolist()
     [2.0, inf]
   """
-  mean = _matmul(x, fold_ones, parts) * (1.0 / k)
-  code = _code_sums(x, fold_ones).astype(jnp.int32)
+  total, code = _matmuls(x, fold_ones, parts)
+  mean, code = total * (1.0 / k), code.astype(jnp.int32)
   pos, neg, nan = code & 31, (code >> 5) & 31, code >> 10
   nonfinite = jnp.where(pos > 0, jnp.inf, -jnp.inf)
   nonfinite = jnp.where((nan > 0) | ((pos > 0) & (neg > 0)), jnp.nan, nonfinite)
@@ -238,8 +236,7 @@ def spread(y: jax.Array, spread_ones: jax.Array, parts: int = 3) -> jax.Array:
     >>> spread(jnp.array([[2.0, -jnp.inf] * 64]), fold_matrix(2).T)[0, :4].tolist()
     [2.0, 2.0, -inf, -inf]
   """
-  value = _matmul(y, spread_ones, parts)
-  code = _code_sums(y, spread_ones)
+  value, code = _matmuls(y, spread_ones, parts)
   out = jnp.where(code == _POSINF, jnp.inf, value)
   out = jnp.where(code == _NEGINF, -jnp.inf, out)
   return jnp.where(code == _NAN, jnp.nan, out)
@@ -293,10 +290,9 @@ def _kernel(coef_ref, fold_ref, spread_ref, g_ref, *refs, k: int, count: int,
     ref[...] = turn(stored).astype(ref.dtype)
     news.append(stored)
   spread_fn = lambda y, parts: spread(y, spread_ones, parts)  # noqa: E731
-  dtypes = [ref.dtype for ref in old_refs]
-  u = update(coef_ref, g, spread_fn(mean, 3),
-             _Spread(olds, spread_fn, [_parts(d) for d in dtypes]),
-             _Spread(news, spread_fn, [_parts(d) for d in dtypes]))
+  parts = [_parts(ref.dtype) for ref in old_refs]
+  u = update(coef_ref, g, spread_fn(mean, 3), _Spread(olds, spread_fn, parts),
+             _Spread(news, spread_fn, parts))
   u_ref[...] = u.astype(u_ref.dtype)
 
 
